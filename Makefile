@@ -1,0 +1,31 @@
+# Two commands on a fresh machine:  `make demo` (main job, CPU share, example model)  and  `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-gpu bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tunekit example --out examples/tiny_cnn.onnx
+	$(BIN)/tunekit tune examples/tiny_cnn.onnx --cpu-pct 50 --trials 32
+
+test: $(STAMP)
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" tests
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/tuning_time.py
+
+clean:
+	rm -rf tunekit-out .pytest_cache

@@ -1,0 +1,84 @@
+"""End to end, as a user runs it: tune (CLI, --json) -> records -> compile -> evaluate; and the Python API."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def tuned(example_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune") / "cpu50"
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "16", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads(proc.stdout)
+
+
+def test_tune_writes_records_artifact_and_consistent_report(tuned):
+    out, result = tuned
+    report = json.load(open(out / "report.json"))
+    assert report == json.loads(json.dumps(result["report"]))  # --json prints what report.json holds
+    assert report["share"] == "cpu50" and report["environment"]["share_enforced"] is True
+    assert report["environment"]["cores_at_share"] == [sorted(os.sched_getaffinity(0))[0]] or \
+        len(report["environment"]["cores_at_share"]) == max(1, round(len(os.sched_getaffinity(0)) / 2))
+    assert os.path.isfile(report["artifact"]) and os.path.isdir(report["records_dir"])
+    assert os.path.basename(report["records_dir"]) == "records-cpu50"  # one database per share
+    assert report["trials"]["measured"] >= 16 and report["trials"]["failed"] == 0
+    lat = report["latency_ms"]
+    assert lat["tuned"]["median_ms"] > 0 and lat["untuned"]["median_ms"] > 0
+    assert any(t["tuned_us"] for t in report["tasks"])
+
+
+def test_records_summary_matches_report(tuned):
+    out, result = tuned
+    proc = run_cli("records", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)["cpu50"]
+    assert summary["trials"] == result["report"]["trials"]["measured"]
+    # the best latency per task in the report is the best in the records
+    best_in_records = sorted(round(w["best_us"], 3) for w in summary["per_workload"] if w["best_us"])
+    best_in_report = sorted(t["tuned_us"] for t in result["report"]["tasks"] if t["tuned_us"])
+    assert best_in_records == pytest.approx(best_in_report, rel=1e-3)
+
+
+def test_compile_and_evaluate_match_onnxruntime(tuned, example_model, tmp_path):
+    out, _ = tuned
+    lib = tmp_path / "m.so"
+    proc = run_cli("compile", example_model, "--records", out, "--out", lib, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert os.path.getsize(lib) > 0
+    proc = run_cli("evaluate", example_model, "--records", out, "--cpu-pct", "50,100", "--repeats", "5", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["results"]
+    assert [(r["tuned_at"], r["run_at"]) for r in rows] == [("cpu50", "cpu50"), ("cpu50", "cpu100")]
+    assert all(r["numerics_ok"] and r["median_ms"] > 0 for r in rows)
+
+
+def test_python_api_and_yaml_config(example_model, tmp_path):
+    import yaml
+
+    import tunekit
+    from tunekit.config import TuneConfig, load_yaml_config
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({"trials": 8, "trials_per_iter": 8, "measure_repeats": 5}))
+    config = TuneConfig(**load_yaml_config(str(cfg_path)))
+    result = tunekit.tune(example_model, cpu_pct=100, out=str(tmp_path / "api"), config=config)
+    assert isinstance(result, tunekit.TuneResult)
+    assert result.share == "cpu100" and result.records_dir.endswith("records-cpu100")
+    assert result.trials >= 8 and os.path.isfile(result.artifact)
+    with pytest.raises(TypeError):
+        tunekit.tune(example_model, 100)  # keyword-only
+
+
+@pytest.mark.gpu
+def test_gpu_tune_at_40_percent_sees_fewer_sms(example_model, tmp_path):
+    proc = run_cli("tune", example_model, "--gpu-pct", "40", "--trials", "16", "--out", tmp_path / "g", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = json.loads(proc.stdout)["report"]["environment"]
+    assert env["share_enforced"] and env["sm_count_at_share"] is not None
+    import tvm
+
+    assert env["sm_count_at_share"] < tvm.cuda(0).multi_processor_count

@@ -1,0 +1,26 @@
+"""tunekit: tune a DNN's kernels for the share of the device it will run on.
+
+Map of the package:
+  frontend/  ONNX -> Relax -> MetaSchedule tasks
+  shares/    what a share is (GPU % under MPS, CPU cores) and how a process is pinned to it
+  servers/   TVM RPC tracker and runner servers pinned to a share
+  clients/   the tuning client: builder, runner, cost model, search, progress
+  records/   one tuning database per (target, share)
+  reports/   report.json
+  api.py     the Python API (tune / compile_model / evaluate)
+  cli.py     the `tunekit` command
+"""
+from .config import TuneConfig
+from .errors import TunekitError
+from .shares.share import Share
+
+__all__ = ["TuneConfig", "TunekitError", "Share", "tune", "compile_model", "evaluate", "TuneResult"]
+
+
+def __getattr__(name):
+    # The API imports TVM (slow); keep `import tunekit` and `tunekit --help` fast.
+    if name in ("tune", "compile_model", "evaluate", "TuneResult"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(name)

@@ -1,0 +1,256 @@
+"""Python API: tune(), compile_model(), evaluate(). Keyword-only, returns dataclasses."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import TuneConfig
+from .errors import TunekitError
+from .shares.share import Share
+
+log = logging.getLogger("tunekit")
+
+
+@dataclass
+class TuneResult:
+    share: str
+    out_dir: str
+    records_dir: str
+    artifact: str
+    report_path: str
+    untuned_ms: float
+    tuned_ms: float
+    trials: int
+    wall_s: float
+    report: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        return self.untuned_ms / self.tuned_ms if self.tuned_ms else float("nan")
+
+
+def _resolve_share(gpu_pct, cpu_pct) -> Share:
+    from .shares.mps import gpu_present
+
+    if gpu_pct is not None and cpu_pct is not None:
+        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
+    if gpu_pct is not None:
+        if not gpu_present():
+            raise TunekitError("--gpu-pct needs an NVIDIA GPU, and none was found (use --cpu-pct)")
+        return Share("gpu", int(gpu_pct))
+    if cpu_pct is not None:
+        return Share("cpu", int(cpu_pct))
+    # The embedded default: the GPU is not guaranteed (laptops, CI), a CPU share always is.
+    return Share("cpu", 50)
+
+
+def _check_out_dir(out: str) -> None:
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".tunekit-write-test")
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise TunekitError(f"cannot write to out dir {out}: {exc.strerror or exc}") from None
+
+
+class _ShareSession:
+    """Everything that exists while we work at one share: the MPS daemon (GPU), the pinned env."""
+
+    def __init__(self, share: Share, *, allow_unenforced: bool):
+        self.share = share
+        self.allow_unenforced = allow_unenforced
+        self.mps = None
+        self.sm_count = None
+        self.enforced = True
+
+    def __enter__(self):
+        from .shares.pinning import pinned_env
+
+        if self.share.kind == "cpu":
+            self.pinned = pinned_env(self.share)
+            return self
+        from .shares.mps import MPSDaemon, sm_count_at_share
+
+        try:
+            self.mps = MPSDaemon().start()
+            self.pinned = pinned_env(self.share, mps_env=self.mps.env())
+            self.sm_count = sm_count_at_share(self.share, self.pinned.env)
+        except TunekitError:
+            if not self.allow_unenforced:
+                raise
+            log.warning("UNENFORCED SHARE: MPS is not usable; measuring on the whole GPU")
+            self.enforced = False
+            self.pinned = pinned_env(self.share, enforced=False)
+        return self
+
+    def __exit__(self, *exc):
+        if self.mps is not None:
+            self.mps.stop()
+
+
+def _load_model(model_path: str, input_shapes: dict):
+    from .frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
+
+    model = load_onnx(model_path)
+    inputs = model_inputs(model, input_shapes)
+    return model, inputs, import_to_relax(model, inputs)
+
+
+def _environment(share_session: _ShareSession) -> dict:
+    import platform
+
+    import tvm
+
+    from .shares.mps import gpu_name
+
+    env = {"tvm_version": tvm.__version__, "python": platform.python_version(), "host": platform.node(),
+           "cpu_count": os.cpu_count(), "share": share_session.share.label,
+           "share_enforced": share_session.enforced}
+    if share_session.share.kind == "gpu":
+        env.update({"gpu_name": gpu_name(), "sm_count_at_share": share_session.sm_count,
+                    "mps_pipe_dir_private": bool(share_session.mps and share_session.mps.started_by_us)})
+    else:
+        env["cores_at_share"] = share_session.pinned.cores
+    return env
+
+
+def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, trials: int | None = None,
+         out: str | None = None, config: TuneConfig | None = None, show_progress: bool = False) -> TuneResult:
+    """Tune `model` (an ONNX path) for one share; write records, the compiled model and report.json."""
+    from .clients.compiler import compile_and_export
+    from .clients.tuner import tune_tasks
+    from .frontend.tasks import extract_tasks, prepare_for_tuning
+    from .records.database import database_dir, open_database
+    from .reports.report import write_report
+    from .servers.fleet import FleetConfig, RunnerFleet
+    from .servers.latency import measure_latency
+    from .shares.mps import gpu_name
+    from .targets import target_for
+
+    config = config or TuneConfig()
+    if trials is not None:
+        config = dataclasses.replace(config, trials=trials)
+    share = _resolve_share(gpu_pct, cpu_pct)
+    model_name = os.path.splitext(os.path.basename(model))[0]
+    out = out or os.path.join("tunekit-out", f"{model_name}-{share.label}")
+    started = time.time()
+    _, inputs, mod = _load_model(model, config.input_shapes)
+    _check_out_dir(out)
+    target = target_for(share, gpu_name=gpu_name() if share.kind == "gpu" else None)
+    prepared = prepare_for_tuning(mod, target)
+    tasks = extract_tasks(prepared, target)
+    log.info("%s: %d tuning tasks, %d trials at %s", model_name, len(tasks), config.trials, share.label)
+    sample = inputs.random(seed=config.seed)
+
+    with _ShareSession(share, allow_unenforced=config.allow_unenforced_share) as session:
+        untuned_path = compile_and_export(prepared_mod=prepared, target=target, database=None,
+                                          path=os.path.join(out, "untuned.so"))
+        untuned, _ = measure_latency(artifact=untuned_path, inputs=sample, pinned=session.pinned,
+                                     repeats=config.measure_repeats)
+        db_dir = database_dir(out, share.label)
+        database = open_database(db_dir)
+        search_threads = len(share.cpu_cores()) if share.kind == "cpu" else max(1, len(os.sched_getaffinity(0)))
+        fleet_config = FleetConfig(servers=config.servers, server_mode=config.server_mode)
+        with RunnerFleet(key=f"tunekit-{share.label}", pinned=session.pinned, config=fleet_config) as fleet:
+            outcome = tune_tasks(extracted_tasks=tasks, target=target, database=database,
+                                 work_dir=os.path.join(out, "work"), tracker_port=fleet.tracker_port,
+                                 key=fleet.key, config=config, search_threads=search_threads,
+                                 show_progress=show_progress)
+            server_restarts = fleet.restarts
+        artifact = compile_and_export(prepared_mod=prepared, target=target, database=database,
+                                      path=os.path.join(out, f"{model_name}-{share.label}.so"))
+        tuned, _ = measure_latency(artifact=artifact, inputs=sample, pinned=session.pinned,
+                                   repeats=config.measure_repeats)
+        environment = _environment(session)
+
+    report = {
+        "model": os.path.abspath(model), "share": share.label, "target": str(target.export()),
+        "trials": {"requested": config.trials, "measured": outcome.trials_done, "failed": outcome.trials_failed},
+        "latency_ms": {"untuned": untuned, "tuned": tuned,
+                       "speedup": round(untuned["median_ms"] / tuned["median_ms"], 3)},
+        "tasks": outcome.tasks, "tuning_wall_s": round(outcome.wall_s, 2),
+        "wall_s": round(time.time() - started, 2), "server_restarts": server_restarts,
+        "records_dir": db_dir, "artifact": artifact, "environment": environment,
+        "config": dataclasses.asdict(config),
+    }
+    report_path = write_report(report, out)
+    return TuneResult(share=share.label, out_dir=out, records_dir=db_dir, artifact=artifact,
+                      report_path=report_path, untuned_ms=untuned["median_ms"], tuned_ms=tuned["median_ms"],
+                      trials=outcome.trials_done, wall_s=report["wall_s"], report=report)
+
+
+def compile_model(model: str, *, records: str, share: str | None = None, out: str,
+                  input_shapes: dict | None = None) -> str:
+    """Compile `model` with the records of one share (a records-<share> dir or a tune out dir)."""
+    from .clients.compiler import compile_and_export
+    from .frontend.tasks import prepare_for_tuning
+    from .records.database import find_share_databases, open_database
+    from .shares.mps import gpu_name
+    from .targets import target_for
+
+    databases = find_share_databases(records)
+    if share is None:
+        if len(databases) != 1:
+            raise TunekitError(f"{records} holds records for {sorted(databases)}: pick one with --share")
+        share = next(iter(databases))
+    if share not in databases:
+        raise TunekitError(f"no records for share {share!r} in {records} (found {sorted(databases)})")
+    share_obj = Share(share[:3], int(share[3:]))
+    _, _, mod = _load_model(model, input_shapes or {})
+    target = target_for(share_obj, gpu_name=gpu_name() if share_obj.kind == "gpu" else None)
+    prepared = prepare_for_tuning(mod, target)
+    return compile_and_export(prepared_mod=prepared, target=target,
+                              database=open_database(databases[share], create=False), path=out)
+
+
+def evaluate(model: str, *, records: str, gpu_pct: str | None = None, cpu_pct: str | None = None,
+             input_shapes: dict | None = None, repeats: int = 20, allow_unenforced_share: bool = False,
+             work_dir: str | None = None) -> dict:
+    """Latency of the model compiled with each share's records, run at each requested share,
+    with numerics checked against onnxruntime on CPU."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    from .records.database import find_share_databases
+    from .servers.latency import measure_latency
+    from .shares.share import parse_pct_list
+
+    if gpu_pct is not None and cpu_pct is not None:
+        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
+    run_shares = parse_pct_list(gpu_pct, kind="gpu") if gpu_pct is not None else parse_pct_list(cpu_pct or "50", kind="cpu")
+    kind = run_shares[0].kind
+    if kind == "gpu":
+        from .shares.mps import gpu_present
+
+        if not gpu_present():
+            raise TunekitError("--gpu-pct needs an NVIDIA GPU, and none was found (use --cpu-pct)")
+    tuned_labels = [label for label in find_share_databases(records) if label.startswith(kind)]
+    if not tuned_labels:
+        raise TunekitError(f"no {kind} records in {records}")
+    onnx_model, inputs, _ = _load_model(model, input_shapes or {})
+    sample = inputs.random(seed=0)
+    reference = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, sample)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tunekit-eval-", dir=work_dir) as tmp:
+        artifacts = {label: compile_model(model, records=records, share=label, out=os.path.join(tmp, f"{label}.so"),
+                                          input_shapes=input_shapes) for label in tuned_labels}
+        for run_share in run_shares:
+            with _ShareSession(run_share, allow_unenforced=allow_unenforced_share) as session:
+                for label, artifact in artifacts.items():
+                    info, outputs = measure_latency(artifact=artifact, inputs=sample, pinned=session.pinned,
+                                                    repeats=repeats)
+                    max_err = max(float(np.max(np.abs(o.astype(np.float64) - r.astype(np.float64))))
+                                  for o, r in zip(outputs, reference))
+                    rows.append({"tuned_at": label, "run_at": run_share.label, **info,
+                                 "max_abs_err_vs_onnxruntime": max_err,
+                                 "numerics_ok": bool(all(np.allclose(o, r, rtol=1e-3, atol=1e-3)
+                                                         for o, r in zip(outputs, reference)))})
+    return {"model": os.path.abspath(model), "records": os.path.abspath(records), "results": rows}

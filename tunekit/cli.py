@@ -1,0 +1,201 @@
+"""The `tunekit` command. Logs go to stderr; --json writes machine-readable output to stdout."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+from .errors import TunekitError
+
+EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 2, 1, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, exit 2
+        raise TunekitError(message)
+
+
+def _add_common(p):
+    p.add_argument("--json", action="store_true", help="write machine-readable output to stdout")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and TVM's logs")
+
+
+def _add_share(p, *, many: bool):
+    help_suffix = " (comma-separated list allowed)" if many else ""
+    p.add_argument("--gpu-pct", help="share of the GPU's SMs, 1..100, enforced with CUDA MPS" + help_suffix)
+    p.add_argument("--cpu-pct", help="share of the CPU cores, 1..100 (default 50 when no --gpu-pct)" + help_suffix)
+    p.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224", help="fix a dynamic input's shape")
+    p.add_argument("--allow-unenforced-share", action="store_true",
+                   help="GPU without MPS: measure on the whole GPU, labelled UNENFORCED in the report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tunekit", description="Tune a DNN for the GPU/CPU share it will run on.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("tune", help="tune an ONNX model at a share; write records, compiled model, report")
+    p.add_argument("model")
+    _add_share(p, many=False)
+    p.add_argument("--trials", type=int, help="total measured candidates (default 64)")
+    p.add_argument("--trials-per-iter", type=int)
+    p.add_argument("--servers", type=int, help="runner servers at the share (default 1)")
+    p.add_argument("--server-mode", choices=["warm", "stock"])
+    p.add_argument("--seed", type=int)
+    p.add_argument("--config", help="YAML file with TuneConfig keys; flags override it")
+    p.add_argument("--out", help="output dir (default ./tunekit-out/<model>-<share>)")
+    _add_common(p)
+
+    p = sub.add_parser("compile", help="compile an ONNX model with a share's records")
+    p.add_argument("model")
+    p.add_argument("--records", required=True, help="a tune out dir or a records-<share> dir")
+    p.add_argument("--share", help="which share's records, e.g. cpu50 or gpu40")
+    p.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224")
+    p.add_argument("--out", required=True, help="path of the compiled library (.so)")
+    _add_common(p)
+
+    p = sub.add_parser("evaluate", help="latency of the tuned model at each share, numerics vs onnxruntime")
+    p.add_argument("model")
+    p.add_argument("--records", required=True)
+    _add_share(p, many=True)
+    p.add_argument("--repeats", type=int, default=20)
+    _add_common(p)
+
+    p = sub.add_parser("records", help="summarize tuning records")
+    p.add_argument("dir")
+    _add_common(p)
+
+    p = sub.add_parser("example", help="write an example ONNX model (generated, seeded weights)")
+    p.add_argument("--name", default="tiny_cnn")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    _add_common(p)
+    return parser
+
+
+def _tune_config(args):
+    from .config import TuneConfig, load_yaml_config
+    from .frontend.onnx_loader import parse_input_shapes
+
+    values = load_yaml_config(args.config) if args.config else {}
+    for key in ("gpu_pct", "cpu_pct", "out"):
+        if getattr(args, key) is None and key in values:
+            setattr(args, key, values[key])
+        values.pop(key, None)
+    for flag in ("trials", "trials_per_iter", "servers", "server_mode", "seed"):
+        if getattr(args, flag) is not None:
+            values[flag] = getattr(args, flag)
+    shapes = values.get("input_shapes") or {}
+    shapes.update(parse_input_shapes(args.input_shape))
+    values["input_shapes"] = shapes
+    if args.allow_unenforced_share:
+        values["allow_unenforced_share"] = True
+    return TuneConfig(**values)
+
+
+def _pct(text, flag):
+    if text is None:
+        return None
+    try:
+        return int(str(text))
+    except ValueError:
+        raise TunekitError(f"{flag} must be an integer percentage 1..100, got {text!r}") from None
+
+
+_RESULT_STREAM = sys.stdout
+
+
+def _reserve_stdout_for_result() -> None:
+    # TVM's C++ and MetaSchedule loggers write to fd 1; with --json stdout must hold only the JSON,
+    # so everything else written to fd 1 is sent to stderr and the result gets a private copy of stdout.
+    global _RESULT_STREAM
+    sys.stdout.flush()
+    _RESULT_STREAM = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+
+def _emit(args, payload: dict, human: str) -> None:
+    text = json.dumps(payload, indent=2, default=str) if args.json else human
+    print(text, file=_RESULT_STREAM, flush=True)
+
+
+def run(args) -> None:
+    from . import api
+
+    if args.command == "tune":
+        config = _tune_config(args)
+        result = api.tune(args.model, gpu_pct=_pct(args.gpu_pct, "--gpu-pct"), cpu_pct=_pct(args.cpu_pct, "--cpu-pct"),
+                          out=args.out, config=config, show_progress=not args.json and sys.stderr.isatty())
+        payload = {k: v for k, v in dataclasses.asdict(result).items() if k != "report"}
+        payload["report"] = result.report
+        _emit(args, payload,
+              f"tuned {result.share}: {result.untuned_ms:.3f} ms -> {result.tuned_ms:.3f} ms "
+              f"({result.speedup:.2f}x) in {result.wall_s:.0f} s, {result.trials} trials\n"
+              f"records: {result.records_dir}\nmodel:   {result.artifact}\nreport:  {result.report_path}")
+    elif args.command == "compile":
+        from .frontend.onnx_loader import parse_input_shapes
+
+        path = api.compile_model(args.model, records=args.records, share=args.share, out=args.out,
+                                 input_shapes=parse_input_shapes(args.input_shape))
+        _emit(args, {"artifact": path}, f"compiled: {path}")
+    elif args.command == "evaluate":
+        from .frontend.onnx_loader import parse_input_shapes
+
+        result = api.evaluate(args.model, records=args.records, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct,
+                              input_shapes=parse_input_shapes(args.input_shape), repeats=args.repeats,
+                              allow_unenforced_share=args.allow_unenforced_share)
+        lines = ["tuned_at  run_at   median_ms  std_ms   numerics"]
+        lines += [f"{r['tuned_at']:<9} {r['run_at']:<8} {r['median_ms']:<10.4f} {r['std_ms']:<8.4f} "
+                  f"{'ok' if r['numerics_ok'] else 'MISMATCH'} (max err {r['max_abs_err_vs_onnxruntime']:.2e})"
+                  for r in result["results"]]
+        _emit(args, result, "\n".join(lines))
+    elif args.command == "records":
+        from .records.database import find_share_databases, summarize
+
+        summaries = {label: summarize(path) for label, path in find_share_databases(args.dir).items()}
+        lines = [f"{label}: {s['workloads']} workloads, {s['trials']} trials ({s['failed_trials']} failed)"
+                 for label, s in summaries.items()]
+        _emit(args, summaries, "\n".join(lines))
+    elif args.command == "example":
+        from .models.examples import save_example
+
+        path = save_example(args.name, args.out, seed=args.seed)
+        _emit(args, {"model": path}, f"wrote {path}")
+
+
+def main(argv=None) -> int:
+    argv_list = list(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in argv_list
+    if "--json" in argv_list:
+        _reserve_stdout_for_result()
+    logging.basicConfig(level=logging.INFO if debug else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not debug:
+        # TVM's MetaSchedule logs a table per iteration; keep stderr readable unless debugging.
+        logging.getLogger("tvm").setLevel(logging.ERROR)
+        os.environ.setdefault("TVM_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        args = build_parser().parse_args(argv)
+        run(args)
+        return 0
+    except TunekitError as exc:
+        if debug:
+            raise
+        print(f"tunekit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("tunekit: interrupted; servers stopped, records written so far are kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # an unexpected failure: still one line unless --debug
+        if debug:
+            raise
+        print(f"tunekit: internal error: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''} "
+              "(re-run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

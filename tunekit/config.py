@@ -1,0 +1,50 @@
+"""Config dataclasses. YAML files in configs/ map onto TuneConfig; CLI flags override them."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from .errors import TunekitError
+
+
+@dataclass
+class TuneConfig:
+    trials: int = 64                 # total measured candidates over all tasks
+    trials_per_iter: int = 8         # candidates per build/measure batch (small: every task gets a turn early)
+    servers: int = 1                 # runner servers at the share
+    server_mode: str = "warm"        # "warm" (tunekit) or "stock" (tvm.exec.rpc_server)
+    builder_workers: int | None = None  # default: the cores this process may use
+    build_timeout_s: float = 120.0
+    session_timeout_s: float = 120.0
+    seed: int = 0
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    allow_unenforced_share: bool = False  # GPU without MPS: loudly labelled in the report
+    measure_repeats: int = 20        # latency repeats for before/after numbers
+
+    def __post_init__(self):
+        for name in ("trials", "trials_per_iter", "servers", "measure_repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TunekitError(f"{name} must be a positive integer, got {value!r}")
+        if self.server_mode not in ("warm", "stock"):
+            raise TunekitError(f"server_mode must be 'warm' or 'stock', not {self.server_mode!r}")
+
+
+def load_yaml_config(path: str) -> dict:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise TunekitError(f"config file not found: {path}")
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+    except yaml.YAMLError as exc:
+        raise TunekitError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise TunekitError(f"{path}: expected a mapping of settings at the top level")
+    known = {f.name for f in dataclasses.fields(TuneConfig)} | {"gpu_pct", "cpu_pct", "out"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise TunekitError(f"{path}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+    return data

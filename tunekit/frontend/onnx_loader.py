@@ -1,0 +1,107 @@
+"""Load and check an ONNX model, fix dynamic dims, import it into TVM Relax."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import TunekitError
+
+_ONNX_TO_NUMPY = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64"}
+
+
+@dataclass
+class ModelInputs:
+    shapes: dict[str, list[int]]
+    dtypes: dict[str, str]
+
+    def random(self, *, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs for timing and numerics checks; int inputs (token ids) stay small and valid."""
+        rng = np.random.default_rng(seed)
+        out = {}
+        for name, shape in self.shapes.items():
+            dtype = self.dtypes[name]
+            if dtype.startswith("int") or dtype.startswith("uint"):
+                out[name] = rng.integers(0, 2, size=shape).astype(dtype)
+            elif dtype == "bool":
+                out[name] = np.ones(shape, dtype=bool)
+            else:
+                out[name] = rng.standard_normal(shape).astype(dtype)
+        return out
+
+
+def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
+    """['x:1x3x224x224', ...] -> {'x': [1, 3, 224, 224]}"""
+    shapes = {}
+    for spec in specs or []:
+        name, sep, dims = spec.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shape = [int(d) for d in dims.lower().split("x")]
+            if any(d <= 0 or d > 1_000_000 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise TunekitError(f"--input-shape {spec!r}: expected NAME:DxDxD with positive integers, e.g. x:1x3x224x224") from None
+        shapes[name] = shape
+    return shapes
+
+
+def load_onnx(path: str):
+    import onnx
+
+    if not os.path.isfile(path):
+        raise TunekitError(f"ONNX file not found: {path}")
+    try:
+        model = onnx.load(path)
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TunekitError(f"{path} is not a valid ONNX model: {first[:200]}") from None
+    if not model.graph.node:
+        raise TunekitError(f"{path} has an empty graph")
+    return model
+
+
+def model_inputs(model, overrides: dict[str, list[int]]) -> ModelInputs:
+    initializers = {init.name for init in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in initializers]
+    unknown = set(overrides) - {i.name for i in graph_inputs}
+    if unknown:
+        names = ", ".join(i.name for i in graph_inputs)
+        raise TunekitError(f"--input-shape names unknown input(s) {sorted(unknown)}; the model's inputs are: {names}")
+    shapes, dtypes = {}, {}
+    for inp in graph_inputs:
+        tensor_type = inp.type.tensor_type
+        dtypes[inp.name] = _ONNX_TO_NUMPY.get(tensor_type.elem_type, "float32")
+        if inp.name in overrides:
+            shapes[inp.name] = overrides[inp.name]
+            continue
+        dims = []
+        for dim in tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                dims.append(dim.dim_value)
+            else:
+                # A batch-like leading dynamic dim defaults to 1; anything else must be given.
+                if not dims:
+                    dims.append(1)
+                    continue
+                raise TunekitError(f"input {inp.name!r} has a dynamic dimension {dim.dim_param or '?'}; "
+                                   f"fix it with --input-shape {inp.name}:" + "x".join(["N"] * len(tensor_type.shape.dim)))
+        shapes[inp.name] = dims
+    return ModelInputs(shapes, dtypes)
+
+
+def import_to_relax(model, inputs: ModelInputs):
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        return from_onnx(model, shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
+    except Exception as exc:
+        message = str(exc).strip().splitlines()
+        text = " ".join(message[-3:]) if message else type(exc).__name__
+        if "not supported" in text.lower() or "unsupported" in text.lower():
+            ops = sorted({n.op_type for n in model.graph.node})
+            raise TunekitError(f"TVM cannot import this model: {text[:300]} (operators in the model: {', '.join(ops)})") from None
+        raise TunekitError(f"TVM could not import the model: {text[:300]}") from None

@@ -1,0 +1,73 @@
+"""One MetaSchedule JSON database per (target, share).
+
+TVM's database lookup ignores the target, so records tuned at 100% would be picked for a 40%
+build if they shared a database: the directory name carries the share to keep them apart.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import TunekitError
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+def database_dir(out_dir: str, share_label: str) -> str:
+    return os.path.join(out_dir, f"records-{share_label}")
+
+
+def open_database(path: str, *, create: bool = True):
+    from tvm.s_tir import meta_schedule as ms
+
+    if not create and not os.path.isfile(os.path.join(path, RECORDS)):
+        raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
+    os.makedirs(path, exist_ok=True)
+    return ms.database.JSONDatabase(work_dir=path, module_equality="structural")
+
+
+def find_share_databases(records_dir: str) -> dict[str, str]:
+    """A tune out dir (records-<share>/...) or one database dir -> {share_label: db dir}."""
+    if not os.path.isdir(records_dir):
+        raise TunekitError(f"records directory not found: {records_dir}")
+    if os.path.isfile(os.path.join(records_dir, RECORDS)):
+        label = os.path.basename(os.path.normpath(records_dir)).removeprefix("records-")
+        return {label: records_dir}
+    found = {name.removeprefix("records-"): os.path.join(records_dir, name)
+             for name in sorted(os.listdir(records_dir))
+             if name.startswith("records-") and os.path.isfile(os.path.join(records_dir, name, RECORDS))}
+    if not found:
+        raise TunekitError(f"no tuning records under {records_dir}")
+    return found
+
+
+def summarize(path: str) -> dict:
+    """Per-workload trial counts and best latency, read straight from the JSON lines."""
+    workloads = []
+    with open(os.path.join(path, WORKLOADS)) as fh:
+        for line in fh:
+            if line.strip():
+                workloads.append(line)
+    per = {}
+    total = failed = 0
+    with open(os.path.join(path, RECORDS)) as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                index, (_trace, run_secs, _target, _args) = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a line cut off by a crash: skip it, keep the rest
+            total += 1
+            entry = per.setdefault(index, {"trials": 0, "best_us": None})
+            entry["trials"] += 1
+            secs = [float(s) for s in (run_secs or [])]
+            if not secs or min(secs) >= 1e9:
+                failed += 1
+                continue
+            mean_us = sum(secs) / len(secs) * 1e6
+            if entry["best_us"] is None or mean_us < entry["best_us"]:
+                entry["best_us"] = mean_us
+    return {"path": path, "workloads": len(workloads), "trials": total, "failed_trials": failed,
+            "per_workload": [{"workload": k, **v} for k, v in sorted(per.items())]}

@@ -1,0 +1,99 @@
+"""CUDA MPS: start (or reuse) a control daemon and pin processes to a percentage of the SMs.
+
+A daemon tunekit starts gets a fresh private pipe/log directory: a stale pipe dir left by a
+killed daemon makes the next start fail with error 805, so we never reuse one we did not make.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import TunekitError
+from .share import Share
+
+
+def gpu_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return False
+
+
+def gpu_name(index: int = 0) -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return name.decode() if isinstance(name, bytes) else name
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+class MPSDaemon:
+    """Context manager: an MPS control daemon for the run (reused if the caller already has one)."""
+
+    def __init__(self, *, pipe_dir: str | None = None):
+        self.pipe_dir = pipe_dir or os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+        self.log_dir = os.environ.get("CUDA_MPS_LOG_DIRECTORY")
+        self.started_by_us = False
+
+    def env(self) -> dict[str, str]:
+        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+
+    def start(self) -> "MPSDaemon":
+        if shutil.which("nvidia-cuda-mps-control") is None:
+            raise TunekitError("CUDA MPS is not available (nvidia-cuda-mps-control not found); "
+                               "use --allow-unenforced-share to tune without enforcing the share")
+        if self.pipe_dir and os.path.exists(os.path.join(self.pipe_dir, "control")):
+            return self  # the caller's daemon: reuse, never stop it
+        root = tempfile.mkdtemp(prefix="tunekit-mps-")
+        self.pipe_dir, self.log_dir = os.path.join(root, "pipe"), os.path.join(root, "log")
+        os.makedirs(self.pipe_dir)
+        os.makedirs(self.log_dir)
+        proc = subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**os.environ, **self.env()},
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise TunekitError(f"could not start the CUDA MPS daemon: {proc.stderr.strip() or proc.stdout.strip()}")
+        self.started_by_us = True
+        time.sleep(0.5)
+        return self
+
+    def stop(self) -> None:
+        if not self.started_by_us:
+            return
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **self.env()},
+                       capture_output=True, text=True, timeout=30)
+        self.started_by_us = False
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+_SM_PROBE = "import tvm, json; d = tvm.cuda(0); print(json.dumps({'sm': d.multi_processor_count, 'name': d.device_name}))"
+
+
+def sm_count_at_share(share: Share, env: dict[str, str]) -> int:
+    """SM count a fresh process sees at this share: proof the share took effect."""
+    proc = subprocess.run([sys.executable, "-c", _SM_PROBE], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise TunekitError(f"a process at {share.pct}% GPU could not start CUDA: {proc.stderr.strip()[-300:]}")
+    return int(json.loads(proc.stdout.strip().splitlines()[-1])["sm"])

@@ -1,0 +1,37 @@
+"""One place that turns a Share into a process environment + pre-exec hook."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .cpu import cpu_share_env
+from .share import Share
+
+
+@dataclass
+class PinnedEnv:
+    """Environment and CPU set for every process that runs at a share (servers, latency workers)."""
+
+    share: Share
+    env: dict[str, str] = field(default_factory=dict)
+    cores: list[int] | None = None
+    enforced: bool = True
+
+    def popen_kwargs(self) -> dict:
+        cores = self.cores
+
+        def _pin():
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        return {"env": {**os.environ, **self.env}, "preexec_fn": _pin}
+
+
+def pinned_env(share: Share, *, mps_env: dict[str, str] | None = None, enforced: bool = True) -> PinnedEnv:
+    if share.kind == "cpu":
+        return PinnedEnv(share, cpu_share_env(share), share.cpu_cores())
+    env = dict(mps_env or {})
+    if enforced:
+        # Only tightens the daemon's limit; without a daemon it does nothing (hence the SM check).
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share.pct)
+    return PinnedEnv(share, env, None, enforced)
