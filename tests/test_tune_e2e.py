@@ -21,8 +21,8 @@ def test_tune_writes_records_artifact_and_consistent_report(tuned):
     report = json.load(open(out / "report.json"))
     assert report == json.loads(json.dumps(result["report"]))  # --json prints what report.json holds
     assert report["share"] == "cpu50" and report["environment"]["share_enforced"] is True
-    assert report["environment"]["cores_at_share"] == [sorted(os.sched_getaffinity(0))[0]] or \
-        len(report["environment"]["cores_at_share"]) == max(1, round(len(os.sched_getaffinity(0)) / 2))
+    cores = report["environment"]["cores_at_share"]
+    assert len(cores) == max(1, round(len(os.sched_getaffinity(0)) / 2)) and set(cores) <= os.sched_getaffinity(0)
     assert os.path.isfile(report["artifact"]) and os.path.isdir(report["records_dir"])
     assert os.path.basename(report["records_dir"]) == "records-cpu50"  # one database per share
     assert report["trials"]["measured"] >= 16 and report["trials"]["failed"] == 0
