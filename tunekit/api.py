@@ -95,6 +95,16 @@ class _ShareSession:
             self.mps.stop()
 
 
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def _load_model(model_path: str, input_shapes: dict):
     from .frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
 
@@ -125,9 +135,10 @@ def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, 
          out: str | None = None, config: TuneConfig | None = None, show_progress: bool = False) -> TuneResult:
     """Tune `model` (an ONNX path) for one share; write records, the compiled model and report.json."""
     from .clients.compiler import compile_and_export
-    from .clients.tuner import tune_tasks
+    from .clients.tuner import Measurement, tune_tasks
     from .frontend.tasks import extract_tasks, prepare_for_tuning
-    from .records.database import database_dir, open_database
+    from .records.database import count_trials, database_dir, open_database
+    from .records.identity import check_or_write, out_dir_lock, run_identity
     from .reports.report import write_report
     from .servers.fleet import FleetConfig, RunnerFleet
     from .servers.latency import measure_latency
@@ -148,20 +159,25 @@ def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, 
     tasks = extract_tasks(prepared, target)
     log.info("%s: %d tuning tasks, %d trials at %s", model_name, len(tasks), config.trials, share.label)
     sample = inputs.random(seed=config.seed)
+    # Checked before any work: a finished run's records are never appended to by accident.
+    db_dir = database_dir(out, share.label)
+    identity = run_identity(model_path=model, share_label=share.label, target=target,
+                            device=gpu_name() if share.kind == "gpu" else _cpu_model(), input_shapes=inputs.shapes)
 
-    with _ShareSession(share, allow_unenforced=config.allow_unenforced_share) as session:
+    with out_dir_lock(out), _ShareSession(share, allow_unenforced=config.allow_unenforced_share) as session:
+        check_or_write(db_dir, identity, resume=config.resume, existing_trials=count_trials(db_dir))
         untuned_path = compile_and_export(prepared_mod=prepared, target=target, database=None,
                                           path=os.path.join(out, "untuned.so"))
         untuned, _ = measure_latency(artifact=untuned_path, inputs=sample, pinned=session.pinned,
                                      repeats=config.measure_repeats)
-        db_dir = database_dir(out, share.label)
         database = open_database(db_dir)
-        search_threads = len(share.cpu_cores()) if share.kind == "cpu" else max(1, len(os.sched_getaffinity(0)))
         fleet_config = FleetConfig(servers=config.servers, server_mode=config.server_mode)
         with RunnerFleet(key=f"tunekit-{share.label}", pinned=session.pinned, config=fleet_config) as fleet:
+            measurement = Measurement(tracker_port=fleet.tracker_port, key=fleet.key, servers=config.servers,
+                                      device_kind=share.kind, share_cores=session.pinned.cores,
+                                      share_env=session.pinned.env)
             outcome = tune_tasks(extracted_tasks=tasks, target=target, database=database,
-                                 work_dir=os.path.join(out, "work"), tracker_port=fleet.tracker_port,
-                                 key=fleet.key, config=config, search_threads=search_threads,
+                                 work_dir=os.path.join(out, "work"), measurement=measurement, config=config,
                                  show_progress=show_progress)
             server_restarts = fleet.restarts
         artifact = compile_and_export(prepared_mod=prepared, target=target, database=database,
@@ -172,7 +188,9 @@ def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, 
 
     report = {
         "model": os.path.abspath(model), "share": share.label, "target": str(target.export()),
-        "trials": {"requested": config.trials, "measured": outcome.trials_done, "failed": outcome.trials_failed},
+        "trials": {"requested": config.trials, "measured": outcome.trials_done, "failed": outcome.trials_failed,
+                   "cached": outcome.trials_cached},
+        "engine": outcome.engine, "phases": outcome.phases, "session_failures": outcome.session_failures,
         "latency_ms": {"untuned": untuned, "tuned": tuned,
                        "speedup": round(untuned["median_ms"] / tuned["median_ms"], 3)},
         "tasks": outcome.tasks, "tuning_wall_s": round(outcome.wall_s, 2),

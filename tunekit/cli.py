@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials-per-iter", type=int)
     p.add_argument("--servers", type=int, help="runner servers at the share (default 1)")
     p.add_argument("--server-mode", choices=["warm", "stock"])
+    p.add_argument("--engine", choices=["tunekit", "stock"],
+                   help="tunekit's fast tuning loop (default) or stock MetaSchedule, for comparison")
     p.add_argument("--seed", type=int)
+    p.add_argument("--resume", action="store_true",
+                   help="continue the records in --out (never re-measures a candidate already there)")
     p.add_argument("--config", help="YAML file with TuneConfig keys; flags override it")
     p.add_argument("--out", help="output dir (default ./tunekit-out/<model>-<share>)")
     _add_common(p)
@@ -84,12 +88,14 @@ def _tune_config(args):
         if getattr(args, key) is None and key in values:
             setattr(args, key, values[key])
         values.pop(key, None)
-    for flag in ("trials", "trials_per_iter", "servers", "server_mode", "seed"):
+    for flag in ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed"):
         if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
     shapes = values.get("input_shapes") or {}
     shapes.update(parse_input_shapes(args.input_shape))
     values["input_shapes"] = shapes
+    if args.resume:
+        values["resume"] = True
     if args.allow_unenforced_share:
         values["allow_unenforced_share"] = True
     return TuneConfig(**values)
@@ -165,6 +171,36 @@ def run(args) -> None:
         _emit(args, {"model": path}, f"wrote {path}")
 
 
+_INTERRUPTED = False
+
+
+def _stop_leftover_children() -> None:
+    """Last line of defence on exit: every process tunekit started (tracker, servers, build and
+    latency workers) goes with it, even one that a thread created while the run was unwinding."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def _on_signal(signum, frame):
+    # Ctrl-C / SIGTERM: unwind through every `with` so servers, tracker, MPS daemon and build workers
+    # stop. Inside TVM's C++ the interrupt can surface as a RuntimeError: the flag says what it was.
+    global _INTERRUPTED
+    _INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     argv_list = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in argv_list
@@ -175,26 +211,40 @@ def main(argv=None) -> int:
     if not debug:
         # TVM's MetaSchedule logs a table per iteration; keep stderr readable unless debugging.
         logging.getLogger("tvm").setLevel(logging.ERROR)
+        # MetaSchedule gives its console handler the level its logger has when the first TuneContext
+        # is made (DEBUG if unset): per-iteration tables and XGBoost rounds. Its log files keep them.
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
         os.environ.setdefault("TVM_LOG_LEVEL", "WARNING")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import signal
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
     try:
-        args = build_parser().parse_args(argv)
-        run(args)
-        return 0
-    except TunekitError as exc:
-        if debug:
-            raise
-        print(f"tunekit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("tunekit: interrupted; servers stopped, records written so far are kept", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as exc:  # an unexpected failure: still one line unless --debug
-        if debug:
-            raise
-        print(f"tunekit: internal error: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''} "
-              "(re-run with --debug for the traceback)", file=sys.stderr)
-        return EXIT_ERROR
+        try:
+            args = build_parser().parse_args(argv)
+            run(args)
+            return 0
+        except TunekitError as exc:
+            if debug:
+                raise
+            print(f"tunekit: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("tunekit: interrupted; servers stopped, records written so far are kept", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Exception as exc:  # an unexpected failure: still one line unless --debug
+            if _INTERRUPTED:
+                print("tunekit: interrupted; servers stopped, records written so far are kept", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            if debug:
+                raise
+            print(f"tunekit: internal error: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''} "
+                  "(re-run with --debug for the traceback)", file=sys.stderr)
+            return EXIT_ERROR
+    finally:
+        if argv is None:  # the real command (not an in-process call from a test or a script)
+            _stop_leftover_children()
 
 
 if __name__ == "__main__":

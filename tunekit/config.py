@@ -21,12 +21,38 @@ class TuneConfig:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     allow_unenforced_share: bool = False  # GPU without MPS: loudly labelled in the report
     measure_repeats: int = 20        # latency repeats for before/after numbers
+    resume: bool = False             # continue the records already in --out (same model/target/share only)
+    engine: str = "tunekit"          # "tunekit" (fast loop) or "stock" (ms.tune_tasks + LocalBuilder + RPCRunner)
+    stock_runner: str = "auto"      # engine=stock only: "rpc", "local", or auto (local on GPU, rpc on CPU)
+    overlap: bool | str = "auto"     # build batch N+1 while N is measured; auto: GPU, or CPU with spare cores
+    min_repeat_ms: int = 20          # time evaluator: minimum time per measurement
+    measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
+    # Evolutionary search. MetaSchedule's defaults (512, 4) cost the same per batch whatever the batch
+    # size: on 2 cores, 87% of a 32-trial run was search. None = 16 x trials_per_iter within 128..512
+    # and 3 generations: 3x less search for the same final latency (benchmarks/results/).
+    search_population: int | None = None
+    search_genetic_iters: int = 3
+
+    @property
+    def population(self) -> int:
+        if self.search_population is not None:
+            return self.search_population
+        return min(512, max(128, 16 * self.trials_per_iter))
 
     def __post_init__(self):
-        for name in ("trials", "trials_per_iter", "servers", "measure_repeats"):
+        for name in ("trials", "trials_per_iter", "servers", "measure_repeats", "search_population",
+                     "search_genetic_iters", "min_repeat_ms"):
             value = getattr(self, name)
+            if value is None and name == "search_population":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TunekitError(f"{name} must be a positive integer, got {value!r}")
+        if self.engine not in ("tunekit", "stock"):
+            raise TunekitError(f"engine must be 'tunekit' or 'stock', not {self.engine!r}")
+        if self.stock_runner not in ("auto", "rpc", "local"):
+            raise TunekitError(f"stock_runner must be auto, rpc or local, not {self.stock_runner!r}")
+        if self.overlap not in (True, False, "auto"):
+            raise TunekitError(f"overlap must be true, false or auto, not {self.overlap!r}")
         if self.server_mode not in ("warm", "stock"):
             raise TunekitError(f"server_mode must be 'warm' or 'stock', not {self.server_mode!r}")
 

@@ -1,11 +1,39 @@
-"""Progress of a tuning run: trials done / total and best latency, as a MetaSchedule callback."""
+"""Progress of a tuning run on stderr: trials done / total and the best latency of the current task."""
 from __future__ import annotations
 
 import sys
-import time
 
 
-def make_progress_callback(*, total_trials: int, task_names: list[str], show: bool):
+class ProgressBar:
+    """A rich progress bar when `show`, else silent (--json, no TTY): the same calls either way."""
+
+    def __init__(self, *, total: int, show: bool, label: str = "tuning"):
+        self.total = total
+        self.done = 0
+        self._bar = None
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                 console=Console(file=sys.stderr), transient=False)
+            self._id = self._bar.add_task(label, total=total, status="")
+            self._bar.start()
+
+    def advance(self, trials: int, *, status: str = "") -> None:
+        self.done += trials
+        if self._bar is not None:
+            self._bar.update(self._id, completed=min(self.done, self.total), status=status)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def make_progress_callback(*, progress: ProgressBar, task_names: list[str]):
+    """The same progress for stock `ms.tune_tasks` (the baseline engine), as a measure callback."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -15,17 +43,6 @@ def make_progress_callback(*, total_trials: int, task_names: list[str], show: bo
             self.done = 0
             self.failed = 0
             self.best_us: dict[int, float] = {}
-            self.started = time.time()
-            self.bar = None
-            if show:
-                from rich.console import Console
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-                self.bar = Progress(TextColumn("tuning"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                    console=Console(file=sys.stderr), transient=False)
-                self.bar_task = self.bar.add_task("tune", total=total_trials, status="")
-                self.bar.start()
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             for build, run in zip(builder_results, runner_results):
@@ -37,14 +54,8 @@ def make_progress_callback(*, total_trials: int, task_names: list[str], show: bo
                 us = sum(secs) / len(secs) * 1e6
                 if us < self.best_us.get(task_id, float("inf")):
                     self.best_us[task_id] = us
-            if self.bar is not None:
-                best = self.best_us.get(task_id)
-                status = f"{task_names[task_id][:28]} best {best:.1f} us" if best else task_names[task_id][:28]
-                self.bar.update(self.bar_task, completed=min(self.done, total_trials), status=status)
-
-        def close(self):
-            if self.bar is not None:
-                self.bar.stop()
-                self.bar = None
+            best = self.best_us.get(task_id)
+            progress.advance(len(builder_results), status=f"{task_names[task_id][:28]} best {best:.1f} us"
+                             if best else task_names[task_id][:28])
 
     return ProgressCallback()

@@ -27,6 +27,15 @@ def open_database(path: str, *, create: bool = True):
     return ms.database.JSONDatabase(work_dir=path, module_equality="structural")
 
 
+def count_trials(path: str) -> int:
+    """Trials already in a database dir (0 if there is none): complete lines only."""
+    records = os.path.join(path, RECORDS)
+    if not os.path.isfile(records):
+        return 0
+    with open(records) as fh:
+        return sum(1 for line in fh if line.strip().endswith("]"))
+
+
 def find_share_databases(records_dir: str) -> dict[str, str]:
     """A tune out dir (records-<share>/...) or one database dir -> {share_label: db dir}."""
     if not os.path.isdir(records_dir):

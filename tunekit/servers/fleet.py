@@ -67,6 +67,8 @@ class RunnerFleet:
         if self.config.server_mode == "warm":
             cmd = [sys.executable, "-m", "tunekit.servers.warm_server", "--tracker", tracker,
                    "--key", self.key, "--host", self.config.host, "--port", str(port)]
+            if self.pinned.share.kind == "gpu":
+                cmd.append("--check-cuda")
         else:
             cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", self.key,
                    "--host", self.config.host, "--port", str(port), "--port-end", str(port + 1)]
@@ -117,6 +119,16 @@ class RunnerFleet:
             return 0
         return sum(1 for info in summary.get("server_info", []) if info.get("key") == f"server:{self.key}")
 
+    def idle_servers(self) -> int:
+        """Servers waiting in the tracker's queue for a session (registered and not held by a client)."""
+        from tvm import rpc
+
+        try:
+            summary = rpc.connect_tracker(self.config.host, self.tracker_port).summary()
+        except Exception:
+            return 0
+        return int(summary.get("queue_info", {}).get(self.key, {}).get("free", 0))
+
     def _supervise(self) -> None:
         # A candidate that crashes a warm server takes the process with it: replace the server, keep the run.
         while not self._stop.wait(0.5):
@@ -127,10 +139,24 @@ class RunnerFleet:
                     self._servers[i] = self._start_server()
 
     def stop(self) -> None:
+        import psutil
+
         self._stop.set()
+        # `tvm.exec.rpc_tracker` runs the tracker in a child process of its own: stop whole trees.
+        descendants = []
         for proc in [*self._servers, self._tracker]:
             if proc is not None and proc.poll() is None:
+                try:
+                    descendants += psutil.Process(proc.pid).children(recursive=True)
+                except psutil.Error:
+                    pass
                 proc.terminate()
+        for child in descendants:
+            try:
+                child.terminate()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(descendants, timeout=5)
         for proc in [*self._servers, self._tracker]:
             if proc is not None:
                 try:

@@ -15,12 +15,25 @@ import os
 import socket
 
 
+def _device_healthy() -> bool:
+    import tvm
+
+    try:
+        device = tvm.cuda(0)
+        tvm.runtime.empty((1,), "float32", device)
+        device.sync()
+        return True
+    except Exception:
+        return False
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tracker", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--check-cuda", action="store_true", help="exit when a session leaves the CUDA context broken")
     args = parser.parse_args(argv)
 
     from tvm.support import utils
@@ -36,6 +49,10 @@ def main(argv=None) -> None:
             os.chdir(old_cwd)
             work_path.remove()
             sock.detach()  # ServerLoop owns and has closed the fd; closing it again could hit a reused fd
+            if args.check_cuda and not _device_healthy():
+                # A candidate corrupted the CUDA context (illegal address, ...): every later session
+                # would fail too. Exit before re-registering; the fleet supervisor starts a fresh server.
+                os._exit(3)
 
     # The listen loop (tracker registration, key matching) is TVM's own; only the session
     # handling changes, which keeps us compatible with RPCRunner and the tracker.

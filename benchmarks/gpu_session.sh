@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# What we run on the GPU device machine (H100), after the carried wheels are installed.
+#   bash benchmarks/gpu_session.sh smoke   # pytest -m gpu + tunekit tune tiny_cnn --gpu-pct 40
+#   bash benchmarks/gpu_session.sh bench   # benchmarks/tuning_time.py, ResNet-18 at 40%
+# Outputs go to $OUT (the device tool brings them back); commit what matters.
+set -uo pipefail
+export PYTHONPATH=/root/site:$PWD CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+OUT=${OUT:-/tmp/tunekit-gpu-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+case "${1:-smoke}" in
+  smoke)
+    python3 -m tunekit.cli example --out /tmp/tiny_cnn.onnx
+    python3 -m tunekit.cli tune /tmp/tiny_cnn.onnx --gpu-pct 40 --trials ${TRIALS:-32} --out /tmp/gpu40 --json \
+      > "$OUT/tiny_gpu40.json" 2> "$OUT/tiny_gpu40.log"; echo "tune rc=$?"; tail -5 "$OUT/tiny_gpu40.log"
+    python3 - "$OUT/tiny_gpu40.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["report"]
+print({k: r[k] for k in ("trials", "tuning_wall_s", "wall_s")}, r["latency_ms"]["speedup"], r["environment"])
+print(json.dumps(r["phases"]))
+PY
+    cp /tmp/gpu40/report.json "$OUT/tiny_gpu40_report.json" 2>/dev/null
+    timeout 400 python3 -m pytest -q -m gpu tests 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
+    ;;
+  bench)
+    python3 benchmarks/tuning_time.py --model ${MODEL:-resnet18} --gpu-pct ${PCT:-40} --trials ${TRIALS:-64} \
+      --trials-per-iter ${PER_ITER:-16} --results "$OUT/tuning_time_${MODEL:-resnet18}_gpu${PCT:-40}.md" 2>&1 | tail -40
+    ;;
+esac

@@ -1,0 +1,135 @@
+"""tunekit's engine, part by part, on real TVM builds, real RPC servers and real tuning runs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+from conftest import run_cli
+from tunekit.clients.build_pool import BuildPool
+from tunekit.clients.search_loop import trace_key
+from tunekit.clients.session_runner import RunnerConfig, SessionRunner
+from tunekit.servers.fleet import FleetConfig, RunnerFleet
+from tunekit.shares.pinning import pinned_env
+from tunekit.shares.share import Share
+
+
+def _add_one_module(n=1024):
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] + 1, name="B")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def test_build_pool_workers_persist_across_batches(tmp_path):
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
+    try:
+        target = tvm.target.Target({"kind": "llvm"})
+        pids = []
+        for _ in range(2):
+            results = pool.build([BuilderInput(_add_one_module(), target)] * 2)
+            assert [r.error_msg for r in results] == [None, None]
+            assert all(str(r.artifact_path).endswith(".so") and os.path.getsize(r.artifact_path) for r in results)
+            assert all(t.ok and t.build_s > 0 for t in pool.last_timings)
+            pids.append(pool._pool.submit(os.getpid).result())
+        assert pids[0] == pids[1]  # the same worker process served both batches
+        # a broken candidate fails alone; the pool goes on
+        results = pool.build([BuilderInput(tvm.IRModule({}), target), BuilderInput(_add_one_module(), target)])
+        assert results[1].error_msg is None
+    finally:
+        pool.shutdown()
+
+
+def test_session_runner_reuses_a_session_and_survives_a_server_kill(tmp_path):
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
+    target = tvm.target.Target({"kind": "llvm"})
+    mod = _add_one_module()
+    args_info = ArgInfo.from_prim_func(mod["main"])
+
+    def measure(runner, count):
+        built = pool.build([BuilderInput(mod, target)] * count)
+        futures = runner.run([RunnerInput(b.artifact_path, "cpu", args_info) for b in built])
+        return [f.result() for f in futures]
+
+    with RunnerFleet(key="t-session", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
+        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
+                                            candidate_timeout_s=60))
+        try:
+            results = measure(runner, 3)
+            assert all(r.error_msg is None and len(r.run_secs) == 1 and min(r.run_secs) > 0 for r in results)
+            assert fleet.idle_servers() == 0  # our one session holds the server between candidates
+            (pid,) = fleet.server_pids
+            psutil.Process(pid).kill()
+            deadline = time.time() + 60
+            while fleet.restarts == 0 and time.time() < deadline:
+                time.sleep(0.2)
+            # the first candidate finds the dead session and fails; the runner reconnects for the next
+            results = measure(runner, 3)
+            assert results[-1].error_msg is None, results[-1].error_msg
+            assert runner.session_failures == 1 and results[0].error_msg is not None
+        finally:
+            runner.shutdown()
+            pool.shutdown()
+
+
+def _record_lines(db_dir):
+    with open(os.path.join(db_dir, "database_tuning_record.json")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def test_resume_continues_without_remeasuring_and_refuses_mismatches(example_model, tmp_path):
+    out = tmp_path / "run"
+    first = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "8", "--out", out, "--json")
+    assert first.returncode == 0, first.stderr[-2000:]
+    db = out / "records-cpu100"
+    assert len(_record_lines(db)) == 8
+    again = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "8", "--out", out)
+    assert again.returncode != 0 and "--resume" in again.stderr and "Traceback" not in again.stderr
+    assert len(_record_lines(db)) == 8  # refused before touching anything
+    resumed = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "8", "--out", out, "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    lines = _record_lines(db)
+    report = json.loads(resumed.stdout)["report"]
+    assert len(lines) == 8 + report["trials"]["measured"] and report["trials"]["measured"] == 8
+    # no candidate measured twice: every (workload, trace) pair is unique
+    from tvm.s_tir.schedule import Trace  # noqa: F401  (registers the trace JSON reader)
+
+    keys = [(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines]
+    assert len(set(keys)) == len(keys)
+    other = tmp_path / "other.onnx"
+    from tunekit.models.examples import save_example
+
+    save_example("tiny_cnn", str(other), seed=1)  # same graph, other weights: another model
+    mismatch = run_cli("tune", other, "--cpu-pct", "100", "--trials", "8", "--out", out, "--resume")
+    assert mismatch.returncode != 0 and "another model" in mismatch.stderr
+
+
+def test_ctrl_c_stops_every_process_and_keeps_records(example_model, tmp_path):
+    out = tmp_path / "int"
+    proc = subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", str(example_model), "--cpu-pct", "50",
+                             "--trials", "200", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    records = out / "records-cpu50" / "database_tuning_record.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (records.exists() and records.stat().st_size > 0):
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.5)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "the tracker and server should be running"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    time.sleep(1)
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [c.cmdline() for c in alive]
+    assert len([line for line in records.read_text().splitlines() if line.strip()]) >= 1

@@ -1,0 +1,106 @@
+"""Persistent build workers: one pool of processes for the whole run.
+
+Stock `LocalBuilder` starts a fresh `PopenPoolExecutor` for every batch, so each batch pays a
+TVM import per worker (~10 s a batch on 2 cores; on the H100 image, with torch imported too, the
+default 30 s timeout killed 30 of 32 first candidates). Here the pool is made once and warmed
+up in the background while tasks are extracted. A candidate that exceeds its timeout kills only
+its own worker process (PopenPoolExecutor restarts it on the next submit).
+
+The builder also finishes the artifact so that the runner only loads and runs it:
+- CPU: the module is linked into a shared library here (stock exports a tar that the runner
+  server links with the system compiler inside the timed session).
+- CUDA: `tvm.support.nvcc` registers `tvm_callback_cuda_compile` when imported, and the codegen
+  then embeds a cubin compiled by NVRTC in the builder; without it the module carries CUDA
+  source that NVRTC compiles when the runner loads it (~0.8 s per kernel, inside the session).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+
+# Workers are recycled after this many builds: TVM notes a slow memory growth in long-lived
+# Popen workers, and a restart every few hundred builds costs nothing measurable.
+_RECYCLE_AFTER = 256
+
+
+@dataclass
+class BuildTiming:
+    build_s: float  # compile + export inside the worker
+    ok: bool
+
+
+def _worker_init(cores: list[int] | None, cuda_aot: bool) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)
+    # Import TVM once per worker, not per batch. Not `tvm.s_tir.tensor_intrin` (24 s on 2 cores),
+    # which stock imports in every worker: a candidate arrives already scheduled and tensorized.
+    import tvm  # noqa: F401
+
+    if cuda_aot:
+        import tvm.support.nvcc  # noqa: F401  (registers tvm_callback_cuda_compile: cubin at build time)
+
+
+def _build_one(mod, target, artifact_dir: str):
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    started = time.perf_counter()
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    rt_mod = tvm_build(mod, target=target)
+    fd, path = tempfile.mkstemp(prefix="cand-", suffix=".so", dir=artifact_dir)
+    os.close(fd)
+    rt_mod.export_library(path)  # a linked .so: the server only dlopens it
+    return path, time.perf_counter() - started
+
+
+@derived_object
+class BuildPool(PyBuilder):
+    """A MetaSchedule builder whose worker processes live for the whole run.
+
+    Usable anywhere a `Builder` is (including stock `ms.tune_tasks`); tunekit's tuning loop also
+    reads the per-candidate build time from `last_timings`.
+    """
+
+    def __init__(self, *, workers: int, timeout_s: float, cores: list[int] | None = None,
+                 cuda_aot: bool = True, artifact_dir: str | None = None):
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        super().__init__()
+        self.workers = max(1, int(workers))
+        self.timeout_s = timeout_s
+        self.artifact_dir = artifact_dir or tempfile.mkdtemp(prefix="tunekit-build-")
+        os.makedirs(self.artifact_dir, exist_ok=True)
+        self.last_timings: list[BuildTiming] = []
+        self._pool = PopenPoolExecutor(max_workers=self.workers, timeout=timeout_s, initializer=_worker_init,
+                                       initargs=(cores, cuda_aot), maximum_process_uses=_RECYCLE_AFTER)
+        # Start every worker now (TVM import ~1-2 s each) so the first batch does not wait for it.
+        self._warm = [self._pool.submit(os.getpid) for _ in range(self.workers)]
+
+    def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        from tvm.support.popen_pool import StatusKind
+
+        results, timings = [], []
+        jobs = [(inp.mod, inp.target, self.artifact_dir) for inp in build_inputs]
+        for outcome in self._pool.map_with_error_catching(lambda job: _build_one(*job), jobs):
+            if outcome.status == StatusKind.COMPLETE:
+                path, secs = outcome.value
+                results.append(BuilderResult(path, None))
+                timings.append(BuildTiming(secs, True))
+            elif outcome.status == StatusKind.TIMEOUT:
+                results.append(BuilderResult(None, f"tunekit BuildPool: timeout, killed after {self.timeout_s} s"))
+                timings.append(BuildTiming(self.timeout_s, False))
+            else:
+                results.append(BuilderResult(None, f"tunekit BuildPool: build failed\n{outcome.value}"))
+                timings.append(BuildTiming(0.0, False))
+        self.last_timings = timings
+        return results
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
+        for worker in list(self._pool._worker_map.values()):  # also one started while we unwound
+            worker.kill()

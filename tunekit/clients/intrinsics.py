@@ -1,0 +1,31 @@
+"""Import only the tensor intrinsics the target can use.
+
+`TuneContext()` runs `import tvm.s_tir.tensor_intrin`, which parses the TVMScript of every
+intrinsic of every backend: 24 s on the 2-core CI machine, 21 s of it CUDA's (mma/wmma), which an
+LLVM target never uses. Stock MetaSchedule pays that in the main process and again in every
+LocalBuilder worker for every batch. Registering the package as a namespace and importing just
+the target's module keeps every name the schedule rules look up and skips the rest.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+
+_PACKAGE = "tvm.s_tir.tensor_intrin"
+_BY_TARGET_KIND = {"cuda": ("cuda",), "llvm": ("x86", "arm_cpu")}
+
+
+def import_for_target(kind: str) -> None:
+    import tvm.s_tir
+
+    package = sys.modules.get(_PACKAGE)
+    if package is None:
+        package = types.ModuleType(_PACKAGE)
+        package.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+        package.__package__ = _PACKAGE
+        sys.modules[_PACKAGE] = package
+        tvm.s_tir.tensor_intrin = package
+    for module in _BY_TARGET_KIND.get(kind, ()):
+        importlib.import_module(f"{_PACKAGE}.{module}")

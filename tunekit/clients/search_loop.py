@@ -1,0 +1,296 @@
+"""tunekit's tuning loop: MetaSchedule's search, driven from Python so the system around it is fast.
+
+`ms.tune_tasks` runs search -> build -> measure strictly in turn and re-measures candidates the
+database already holds on resume. This loop drives the same TuneContexts (evolutionary search,
+XGBoost cost model, database) but:
+- overlaps: while batch N is measured on the servers, batch N+1 (another task) is searched and
+  built; it only does so when the builders do not share cores with the share being measured;
+- never measures a candidate twice: a candidate whose trace is already in the database (this run
+  or a run being resumed) is answered from the record;
+- commits every measured trial to the database as it completes;
+- times every phase (search, build, load, run, wait) so the report shows where the time goes;
+- measures each task once untuned (the naive loop nest on CPU, DLight's default on GPU).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from ..config import TuneConfig
+
+log = logging.getLogger("tunekit.search")
+
+FAILED_RUN_SECS = 1e10  # what MetaSchedule's AddToDatabase records for a failed candidate
+
+
+@dataclass
+class PhaseTimes:
+    search_s: float = 0.0  # generating candidates (evolutionary search + cost model)
+    build_s: float = 0.0   # main thread inside the builder (parallel workers)
+    load_s: float = 0.0    # summed over candidates: upload + dlopen on the server
+    run_s: float = 0.0     # summed over candidates: argument fill + timing on the server
+    wait_s: float = 0.0    # main thread blocked on measurements
+    update_s: float = 0.0  # database commits, cost-model training, search-state updates
+
+    def as_dict(self, wall_s: float, trials: int) -> dict:
+        phases = {k: round(v, 3) for k, v in self.__dict__.items()}
+        # "Work" is what the hardware must do anyway: building candidates and running them.
+        work = min(wall_s, self.build_s + self.run_s)
+        return {"total_s": phases, "per_trial_s": {k: round(v / max(1, trials), 4) for k, v in self.__dict__.items()},
+                "wall_s": round(wall_s, 3), "overhead_fraction": round(1 - work / wall_s, 3) if wall_s else None}
+
+
+@dataclass
+class _Task:
+    index: int
+    name: str
+    weight: float
+    ctx: object
+    workload: object
+    measured: int = 0
+    failed: int = 0
+    cached: int = 0
+    best_us: float | None = None
+    untuned_us: float | None = None
+    stale_batches: int = 0
+    exhausted: bool = False
+    seen: dict = field(default_factory=dict)  # trace key -> run_secs already in the database
+
+    def score(self) -> float:
+        # Gradient-style: expected gain ~ weight x current latency, fading while a task stops improving.
+        latency = self.best_us if self.best_us is not None else float("inf")
+        return self.weight * latency * (0.5 ** self.stale_batches)
+
+
+@dataclass
+class LoopOutcome:
+    trials_done: int
+    trials_failed: int
+    trials_cached: int
+    wall_s: float
+    tasks: list[dict]
+    phases: dict
+    session_failures: int
+
+
+def trace_key(trace) -> str:
+    """Identity of a candidate: its trace with every sampling decision (postprocs excluded)."""
+    text = json.dumps(trace.as_json(remove_postproc=True), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _records_by_workload(database) -> dict:
+    seen: dict = {}
+    for record in database.get_all_tuning_records():
+        secs = [float(s) for s in (record.run_secs or [])]
+        seen.setdefault(record.workload.mod, {})[trace_key(record.trace)] = secs
+    return seen
+
+
+def _us(run_secs) -> float | None:
+    secs = [float(s) for s in (run_secs or [])]
+    if not secs or min(secs) >= FAILED_RUN_SECS / 10:
+        return None
+    return sum(secs) / len(secs) * 1e6
+
+
+def _untuned_module(ctx, target):
+    """The task as the untuned model runs it: naive loops on CPU, DLight's default schedule on GPU."""
+    if target.kind.name != "cuda":
+        return ctx.mod
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(ctx.mod)
+
+
+def run_search(*, extracted_tasks, target, database, builder, runner, cost_model, config: TuneConfig,
+               search_threads: int, work_dir: str, overlap: bool, progress=None,
+               measure_untuned: bool = True) -> LoopOutcome:
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
+
+    started = time.perf_counter()
+    phases = PhaseTimes()
+    # extracted_tasks_to_tune_contexts skips already-scheduled tasks: keep the two lists aligned.
+    extracted_tasks = [t for t in extracted_tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=config.population,
+                                                     genetic_num_iters=config.search_genetic_iters)
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        extracted_tasks, work_dir, strategy=strategy, num_threads=search_threads, seed=config.seed)
+    known = _records_by_workload(database)
+    tasks: list[_Task] = []
+    t0 = time.perf_counter()
+    for i, (extracted, ctx, weight) in enumerate(zip(extracted_tasks, contexts, weights)):
+        ctx.pre_tuning(max_trials=config.trials, num_trials_per_iter=config.trials_per_iter,
+                       design_spaces=ctx.generate_design_space(), database=database, cost_model=cost_model)
+        workload = database.commit_workload(ctx.mod)
+        seen = next((secs for mod, secs in known.items() if tvm_ffi.structural_equal(mod, ctx.mod)), {})
+        task = _Task(i, extracted.task_name, float(weight), ctx, workload, seen=dict(seen))
+        bests = [us for us in map(_us, seen.values()) if us is not None]
+        task.best_us = min(bests) if bests else None
+        tasks.append(task)
+    phases.search_s += time.perf_counter() - t0
+    device_type = "cuda" if target.kind.name == "cuda" else "cpu"
+    budget = config.trials
+
+    if measure_untuned:
+        _measure_untuned(tasks, target, builder, runner, device_type, phases)
+
+    def pick(exclude: int | None) -> _Task | None:
+        open_tasks = [t for t in tasks if not t.exhausted and t.index != exclude and t.measured < config.trials]
+        fresh = [t for t in open_tasks if t.measured == 0]
+        if fresh:  # every task gets one batch before any gets a second
+            return fresh[0]
+        return max(open_tasks, key=_Task.score, default=None)
+
+    def launch(task: _Task, remaining: int):
+        """Search + build one batch of `task`; hand it to the runner (which measures in the background)."""
+        t = time.perf_counter()
+        candidates = task.ctx.generate_measure_candidates()
+        if not candidates:
+            task.exhausted = True
+            phases.search_s += time.perf_counter() - t
+            return None
+        keys = [trace_key(c.sch.trace) for c in candidates]
+        fresh = [j for j, k in enumerate(keys) if k not in task.seen][:remaining]
+        cached = [j for j, k in enumerate(keys) if k in task.seen]
+        phases.search_s += time.perf_counter() - t
+        t = time.perf_counter()
+        build_results = builder.build([BuilderInput(candidates[j].sch.mod, target) for j in fresh]) if fresh else []
+        phases.build_s += time.perf_counter() - t
+        inputs, input_slots = [], []
+        for slot, (j, built) in enumerate(zip(fresh, build_results)):
+            if built.error_msg is None:
+                inputs.append(RunnerInput(built.artifact_path, device_type, candidates[j].args_info))
+                input_slots.append(slot)
+        futures = runner.run(inputs) if inputs else []
+        return task, candidates, keys, fresh, cached, build_results, dict(zip(input_slots, futures))
+
+    def join(batch) -> int:
+        task, candidates, keys, fresh, cached, build_results, futures = batch
+        t = time.perf_counter()
+        run_results = []
+        for slot, built in enumerate(build_results):
+            if slot in futures:
+                run_results.append(futures[slot].result())
+            else:
+                run_results.append(RunnerResult(None, built.error_msg or "build failed"))
+        phases.wait_s += time.perf_counter() - t
+        t = time.perf_counter()
+        previous_best = task.best_us
+        ok_candidates, ok_results = [], []
+        for j, built, result in zip(fresh, build_results, run_results):
+            timing = getattr(runner, "timings", {}).pop(str(built.artifact_path), None) if built.artifact_path else None
+            if timing is not None:
+                phases.load_s += timing.load_s
+                phases.run_s += timing.run_s
+            if built.artifact_path and os.path.exists(str(built.artifact_path)):
+                os.remove(str(built.artifact_path))
+            secs = [float(s) for s in result.run_secs] if result.run_secs is not None else [FAILED_RUN_SECS]
+            # Durable as it completes: the JSON database appends one line per trial.
+            database.commit_tuning_record(ms.database.TuningRecord(
+                candidates[j].sch.trace, task.workload, secs, target, candidates[j].args_info))
+            task.seen[keys[j]] = secs
+            task.measured += 1
+            us = _us(secs)
+            if us is None:
+                task.failed += 1
+            else:
+                ok_candidates.append(candidates[j])
+                ok_results.append(result)
+                if task.best_us is None or us < task.best_us:
+                    task.best_us = us
+        if ok_candidates:
+            cost_model.update(task.ctx, ok_candidates, ok_results)
+        # The search strategy hears about every candidate it proposed, the cached ones included.
+        notified = [candidates[j] for j in fresh] + [candidates[j] for j in cached]
+        notify_results = run_results + [RunnerResult(task.seen[keys[j]], None) for j in cached]
+        task.cached += len(cached)
+        task.ctx.notify_runner_results(notified, notify_results)
+        improved = task.best_us is not None and (previous_best is None or task.best_us < previous_best * 0.99)
+        task.stale_batches = 0 if improved else task.stale_batches + 1
+        if not fresh and cached:
+            task.stale_batches += 1  # the search keeps proposing known candidates: it has converged
+        phases.update_s += time.perf_counter() - t
+        if progress is not None:
+            progress.advance(len(fresh), status=f"{task.name[:28]} best {task.best_us:.1f} us"
+                             if task.best_us else task.name[:28])
+        return len(fresh)
+
+    done = 0
+    in_flight = None
+    idle_rounds = 0
+    while True:
+        remaining = budget - done - (len(in_flight[3]) if in_flight else 0)
+        task = pick(in_flight[0].index if in_flight else None) if remaining > 0 else None
+        if task is not None and (overlap or in_flight is None):
+            batch = launch(task, remaining)
+            if batch is not None and not batch[3] and batch[4]:
+                # All candidates were known: no trial spent, but the search must hear back.
+                join(batch)
+                idle_rounds += 1
+                if idle_rounds > 4 * len(tasks):
+                    break  # every task keeps proposing known candidates: the space is exhausted
+                continue
+            idle_rounds = 0
+            if in_flight is not None:
+                done += join(in_flight)
+            in_flight = batch
+            continue
+        if in_flight is None:
+            break
+        done += join(in_flight)
+        in_flight = None
+    for task in tasks:
+        task.ctx.post_tuning()
+
+    wall = time.perf_counter() - started
+    measured = sum(t.measured for t in tasks)
+    task_rows = [{"name": t.name, "weight": int(t.weight), "trials": t.measured, "failed": t.failed,
+                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
+                  "tuned_us": round(t.best_us, 3) if t.best_us else None,
+                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None}
+                 for t in tasks]
+    return LoopOutcome(measured, sum(t.failed for t in tasks), sum(t.cached for t in tasks), wall, task_rows,
+                       phases.as_dict(wall, measured), getattr(runner, "session_failures", 0))
+
+
+def _measure_untuned(tasks, target, builder, runner, device_type, phases) -> None:
+    """One build + run per task of the unscheduled (or default-scheduled) kernel: the per-task baseline."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    inputs, owners = [], []
+    for task in tasks:
+        try:
+            mod = _untuned_module(task.ctx, target)
+        except Exception as exc:  # a task no default rule covers: no baseline for it
+            log.info("no untuned baseline for %s: %s", task.name, exc)
+            continue
+        inputs.append(BuilderInput(mod, target))
+        owners.append(task)
+    t = time.perf_counter()
+    built = builder.build(inputs)
+    phases.build_s += time.perf_counter() - t
+    run_inputs, run_owners = [], []
+    for task, result, inp in zip(owners, built, inputs):
+        if result.error_msg is None:
+            func = next(iter(inp.mod.functions.values()))
+            run_inputs.append(RunnerInput(result.artifact_path, device_type, ArgInfo.from_prim_func(func)))
+            run_owners.append((task, str(result.artifact_path)))
+    t = time.perf_counter()
+    for (task, path), future in zip(run_owners, runner.run(run_inputs)):
+        task.untuned_us = _us(future.result().run_secs)
+        getattr(runner, "timings", {}).pop(path, None)
+        if os.path.exists(path):
+            os.remove(path)
+    phases.wait_s += time.perf_counter() - t

@@ -1,0 +1,69 @@
+"""What a database was tuned for, kept beside it, so that --resume never mixes runs.
+
+A resumed run must tune the same model for the same target, device and share; otherwise its
+records would be picked for builds they were never measured for (lookups ignore the target).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+
+from ..errors import TunekitError
+
+IDENTITY_FILE = "tunekit-run.json"
+
+
+def model_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def run_identity(*, model_path: str, share_label: str, target, device: str, input_shapes: dict) -> dict:
+    return {"model_sha256": model_digest(model_path), "share": share_label, "target": str(target.export()),
+            "device": device, "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())}}
+
+
+def check_or_write(db_dir: str, identity: dict, *, resume: bool, existing_trials: int) -> None:
+    path = os.path.join(db_dir, IDENTITY_FILE)
+    if existing_trials and not resume:
+        raise TunekitError(f"{db_dir} already holds {existing_trials} trials from an earlier run: "
+                           "pass --resume to continue it, or choose another --out")
+    if os.path.isfile(path) and (resume or existing_trials):
+        with open(path) as fh:
+            before = json.load(fh)
+        for key, label in (("model_sha256", "model"), ("share", "share"), ("target", "target"),
+                           ("device", "device"), ("input_shapes", "input shapes")):
+            if before.get(key) != identity.get(key):
+                raise TunekitError(f"cannot resume: {db_dir} was tuned for another {label} "
+                                   f"({before.get(key)!r}, now {identity.get(key)!r})")
+        return
+    os.makedirs(db_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(identity, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def out_dir_lock(out_dir: str):
+    """One run per out dir at a time: a second one is refused instead of interleaving records."""
+    os.makedirs(out_dir, exist_ok=True)
+    fh = open(os.path.join(out_dir, ".tunekit.lock"), "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise TunekitError(f"another tunekit run is using {out_dir}; wait for it or choose another --out") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
