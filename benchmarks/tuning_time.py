@@ -100,14 +100,20 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--trials-per-iter", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engines", default="stock,tunekit")
+    parser.add_argument("--engines", default="tunekit,stock")
     parser.add_argument("--results", help="write the table here (Markdown)")
     parser.add_argument("extra", nargs="*", help="more `tunekit tune` flags for both engines (after --)")
     args = parser.parse_args()
     share_flag = ["--gpu-pct", str(args.gpu_pct)] if args.gpu_pct else ["--cpu-pct", str(args.cpu_pct or 50)]
     with tempfile.TemporaryDirectory(prefix="tunekit-bench-") as workdir:
         model = model_path(args.model, workdir)
-        reports = {engine: run_engine(engine, model, share_flag, args, workdir) for engine in args.engines.split(",")}
+        reports = {}
+        for engine in args.engines.split(","):
+            reports[engine] = run_engine(engine, model, share_flag, args, workdir)
+            if args.results:  # each engine's report as soon as it exists: a cut-off run keeps it
+                os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+                with open(os.path.splitext(args.results)[0] + ".json", "w") as fh:
+                    json.dump(reports, fh, indent=1, default=str)
     text = (f"# Tuning time: {args.model} at {share_flag[0][2:]} {share_flag[1]}%, {args.trials} trials, "
             f"seed {args.seed}\n\nMachine: {machine()}\n\nCommand: `python benchmarks/tuning_time.py "
             f"{' '.join(sys.argv[1:])}`\n\n{table(reports)}\n")

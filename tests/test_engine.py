@@ -105,6 +105,16 @@ def test_resume_continues_without_remeasuring_and_refuses_mismatches(example_mod
 
     keys = [(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines]
     assert len(set(keys)) == len(keys)
+    # a crash that cuts the last line: repaired on open (the cut bytes kept aside), not fatal
+    records_file = db / "database_tuning_record.json"
+    text = records_file.read_text()
+    records_file.write_text(text[:-150])
+    summary = run_cli("records", out, "--json")
+    assert summary.returncode == 0, summary.stderr[-1000:]
+    compiled = run_cli("compile", example_model, "--records", out, "--out", tmp_path / "m.so")
+    assert compiled.returncode == 0, compiled.stderr[-1000:]
+    assert len(_record_lines(db)) == 15 and any(p.name.startswith("database_tuning_record.json.damaged-")
+                                                for p in db.iterdir())
     other = tmp_path / "other.onnx"
     from tunekit.models.examples import save_example
 
@@ -133,3 +143,37 @@ def test_ctrl_c_stops_every_process_and_keeps_records(example_model, tmp_path):
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [c.cmdline() for c in alive]
     assert len([line for line in records.read_text().splitlines() if line.strip()]) >= 1
+
+
+def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path):
+    """Regression (seen on the H100): DLight scheduled the task's module in place, so the database's
+    workload changed and the tuned model silently got none of its records. Needs no GPU: it only
+    schedules and applies for the CUDA target."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    from tunekit import api
+    from tunekit.clients.compiler import apply_records
+    from tunekit.clients.search_loop import _untuned_module
+    from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
+
+    target = Target("nvidia/nvidia-h100")
+    _, _, mod = api._load_model(example_model, {})
+    prepared = prepare_for_tuning(mod, target)
+    tasks = [t for t in extract_tasks(prepared, target) if "conv2d" in t.task_name][:1]
+    (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(tmp_path), num_threads=1, seed=0)
+    database = ms.database.MemoryDatabase()
+    ctx.pre_tuning(max_trials=4, num_trials_per_iter=4, design_spaces=ctx.generate_design_space(),
+                   database=database, cost_model=ms.cost_model.RandomModel())
+    candidate = ctx.generate_measure_candidates()[0]
+    workload = database.commit_workload(ctx.mod)
+    database.commit_tuning_record(ms.database.TuningRecord(candidate.sch.trace, workload, [1e-5], target,
+                                                           candidate.args_info))
+    before = tvm_ffi.structural_hash(ctx.mod)
+    baseline = _untuned_module(ctx, target)
+    assert tvm_ffi.structural_hash(ctx.mod) == before
+    assert next(iter(baseline.functions.values())).attrs.get("tirx.is_scheduled", False)
+    applied = apply_records(prepared_mod=prepared, target=target, database=database)
+    scheduled = [gv.name_hint for gv, f in applied.functions.items() if f.attrs and f.attrs.get("tirx.is_scheduled", False)]
+    assert scheduled == [tasks[0].task_name]

@@ -8,13 +8,14 @@ Map of the package:
   records/   one tuning database per (target, share)
   reports/   report.json
   api.py     the Python API (tune / compile_model / evaluate)
+  profiling.py  untuned latency per share and its knee (profile; tune's "auto" share)
   cli.py     the `tunekit` command
 """
 from .config import TuneConfig
 from .errors import TunekitError
 from .shares.share import Share
 
-__all__ = ["TuneConfig", "TunekitError", "Share", "tune", "compile_model", "evaluate", "TuneResult"]
+__all__ = ["TuneConfig", "TunekitError", "Share", "tune", "compile_model", "evaluate", "TuneResult", "profile"]
 
 
 def __getattr__(name):
@@ -23,4 +24,8 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "profile":
+        from .profiling import profile
+
+        return profile
     raise AttributeError(name)

@@ -131,11 +131,32 @@ def _environment(share_session: _ShareSession) -> dict:
     return env
 
 
-def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, trials: int | None = None,
-         out: str | None = None, config: TuneConfig | None = None, show_progress: bool = False) -> TuneResult:
-    """Tune `model` (an ONNX path) for one share; write records, the compiled model and report.json."""
-    from .clients.compiler import compile_and_export
+def _resolve_auto(model: str, gpu_pct, cpu_pct, config: TuneConfig) -> tuple:
+    """'auto' for a pct: profile the untuned model over the default shares and tune at the knee.
+    Returns (gpu_pct, cpu_pct, share_choice) with the auto one replaced by the knee's pct."""
+    auto_kind = "gpu" if gpu_pct == "auto" else "cpu" if cpu_pct == "auto" else None
+    if auto_kind is None:
+        return gpu_pct, cpu_pct, None
+    if gpu_pct is not None and cpu_pct is not None:
+        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
+    from .profiling import DEFAULT_PCTS, profile
+
+    prof = profile(model, **{f"{auto_kind}_pct": DEFAULT_PCTS[auto_kind]}, repeats=config.measure_repeats,
+                   input_shapes=config.input_shapes, allow_unenforced_share=config.allow_unenforced_share)
+    knee_pct = next(r["pct"] for r in prof["shares"] if r["share"] == prof["knee"])
+    log.info("auto: tuning at %s (knee of the profile, tolerance %.0f%%)", prof["knee"], prof["tolerance"] * 100)
+    choice = {"mode": "auto", "profile": prof, "chosen": prof["knee"]}
+    return (knee_pct, None, choice) if auto_kind == "gpu" else (None, knee_pct, choice)
+
+
+def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | None = None,
+         trials: int | None = None, out: str | None = None, config: TuneConfig | None = None,
+         show_progress: bool = False) -> TuneResult:
+    """Tune `model` (an ONNX path) for one share; write records, the compiled model and report.json.
+    A pct of "auto" profiles the untuned model first and tunes at the knee (see tunekit.profiling)."""
+    from .clients.compiler import compile_and_export, useful_records
     from .clients.tuner import Measurement, tune_tasks
+    from .records.baselines import read_baselines, write_baselines
     from .frontend.tasks import extract_tasks, prepare_for_tuning
     from .records.database import count_trials, database_dir, open_database
     from .records.identity import check_or_write, out_dir_lock, run_identity
@@ -148,7 +169,9 @@ def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, 
     config = config or TuneConfig()
     if trials is not None:
         config = dataclasses.replace(config, trials=trials)
+    gpu_pct, cpu_pct, share_choice = _resolve_auto(model, gpu_pct, cpu_pct, config)
     share = _resolve_share(gpu_pct, cpu_pct)
+    share_choice = share_choice or {"mode": "fixed", "chosen": share.label}
     model_name = os.path.splitext(os.path.basename(model))[0]
     out = out or os.path.join("tunekit-out", f"{model_name}-{share.label}")
     started = time.time()
@@ -180,14 +203,21 @@ def tune(model: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, 
                                  work_dir=os.path.join(out, "work"), measurement=measurement, config=config,
                                  show_progress=show_progress)
             server_restarts = fleet.restarts
+        write_baselines(db_dir, {t["workload_hash"]: t.get("untuned_us") for t in outcome.tasks
+                                 if t.get("workload_hash")})
+        baselines = read_baselines(db_dir)
+        _, applied = useful_records(database, baselines)
+        for row in outcome.tasks:
+            if row.get("workload_hash") in applied:
+                row["record_applied"] = applied[row["workload_hash"]]
         artifact = compile_and_export(prepared_mod=prepared, target=target, database=database,
-                                      path=os.path.join(out, f"{model_name}-{share.label}.so"))
+                                      path=os.path.join(out, f"{model_name}-{share.label}.so"), baselines=baselines)
         tuned, _ = measure_latency(artifact=artifact, inputs=sample, pinned=session.pinned,
                                    repeats=config.measure_repeats)
         environment = _environment(session)
 
     report = {
-        "model": os.path.abspath(model), "share": share.label, "target": str(target.export()),
+        "model": os.path.abspath(model), "share": share.label, "share_choice": share_choice, "target": str(target.export()),
         "trials": {"requested": config.trials, "measured": outcome.trials_done, "failed": outcome.trials_failed,
                    "cached": outcome.trials_cached},
         "engine": outcome.engine, "phases": outcome.phases, "session_failures": outcome.session_failures,
@@ -224,8 +254,11 @@ def compile_model(model: str, *, records: str, share: str | None = None, out: st
     _, _, mod = _load_model(model, input_shapes or {})
     target = target_for(share_obj, gpu_name=gpu_name() if share_obj.kind == "gpu" else None)
     prepared = prepare_for_tuning(mod, target)
+    from .records.baselines import read_baselines
+
     return compile_and_export(prepared_mod=prepared, target=target,
-                              database=open_database(databases[share], create=False), path=out)
+                              database=open_database(databases[share], create=False), path=out,
+                              baselines=read_baselines(databases[share]))
 
 
 def evaluate(model: str, *, records: str, gpu_pct: str | None = None, cpu_pct: str | None = None,

@@ -23,10 +23,13 @@ def _add_common(p):
     p.add_argument("--debug", action="store_true", help="show tracebacks and TVM's logs")
 
 
-def _add_share(p, *, many: bool):
+def _add_share(p, *, many: bool, auto: bool = False, cpu_default: str = "50"):
     help_suffix = " (comma-separated list allowed)" if many else ""
+    if auto:
+        help_suffix += "; 'auto': profile the untuned model and tune at the knee"
     p.add_argument("--gpu-pct", help="share of the GPU's SMs, 1..100, enforced with CUDA MPS" + help_suffix)
-    p.add_argument("--cpu-pct", help="share of the CPU cores, 1..100 (default 50 when no --gpu-pct)" + help_suffix)
+    p.add_argument("--cpu-pct", help=f"share of the CPU cores, 1..100 (default {cpu_default} when no --gpu-pct)"
+                   + help_suffix)
     p.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224", help="fix a dynamic input's shape")
     p.add_argument("--allow-unenforced-share", action="store_true",
                    help="GPU without MPS: measure on the whole GPU, labelled UNENFORCED in the report")
@@ -38,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="tune an ONNX model at a share; write records, compiled model, report")
     p.add_argument("model")
-    _add_share(p, many=False)
+    _add_share(p, many=False, auto=True)
     p.add_argument("--trials", type=int, help="total measured candidates (default 64)")
     p.add_argument("--trials-per-iter", type=int)
     p.add_argument("--servers", type=int, help="runner servers at the share (default 1)")
@@ -65,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", required=True)
     _add_share(p, many=True)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", help="write matrix.json, matrix.md, latency_vs_share.png and report.html here")
+    _add_common(p)
+
+    p = sub.add_parser("profile", help="untuned latency at each share and the knee (smallest share near the max)")
+    p.add_argument("model")
+    _add_share(p, many=True, cpu_default="25,50,75,100")
+    p.add_argument("--tolerance", type=float, default=0.1,
+                   help="knee: smallest share within this fraction of the largest share's latency (default 0.1)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", help="write profile.json and profile.png here")
     _add_common(p)
 
     p = sub.add_parser("records", help="summarize tuning records")
@@ -104,10 +117,12 @@ def _tune_config(args):
 def _pct(text, flag):
     if text is None:
         return None
+    if str(text).strip().lower() == "auto":
+        return "auto"
     try:
         return int(str(text))
     except ValueError:
-        raise TunekitError(f"{flag} must be an integer percentage 1..100, got {text!r}") from None
+        raise TunekitError(f"{flag} must be an integer percentage 1..100 or auto, got {text!r}") from None
 
 
 _RESULT_STREAM = sys.stdout
@@ -136,8 +151,13 @@ def run(args) -> None:
                           out=args.out, config=config, show_progress=not args.json and sys.stderr.isatty())
         payload = {k: v for k, v in dataclasses.asdict(result).items() if k != "report"}
         payload["report"] = result.report
+        choice = result.report.get("share_choice", {})
+        auto_line = ""
+        if choice.get("mode") == "auto":
+            auto_line = (f"auto: tuning at {choice['chosen']} (knee of the profile, "
+                         f"tolerance {choice['profile']['tolerance']:.0%})\n")
         _emit(args, payload,
-              f"tuned {result.share}: {result.untuned_ms:.3f} ms -> {result.tuned_ms:.3f} ms "
+              auto_line + f"tuned {result.share}: {result.untuned_ms:.3f} ms -> {result.tuned_ms:.3f} ms "
               f"({result.speedup:.2f}x) in {result.wall_s:.0f} s, {result.trials} trials\n"
               f"records: {result.records_dir}\nmodel:   {result.artifact}\nreport:  {result.report_path}")
     elif args.command == "compile":
@@ -149,6 +169,8 @@ def run(args) -> None:
     elif args.command == "evaluate":
         from .frontend.onnx_loader import parse_input_shapes
 
+        if args.out:
+            api._check_out_dir(args.out)  # fail before minutes of measuring, not after
         result = api.evaluate(args.model, records=args.records, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct,
                               input_shapes=parse_input_shapes(args.input_shape), repeats=args.repeats,
                               allow_unenforced_share=args.allow_unenforced_share)
@@ -156,6 +178,31 @@ def run(args) -> None:
         lines += [f"{r['tuned_at']:<9} {r['run_at']:<8} {r['median_ms']:<10.4f} {r['std_ms']:<8.4f} "
                   f"{'ok' if r['numerics_ok'] else 'MISMATCH'} (max err {r['max_abs_err_vs_onnxruntime']:.2e})"
                   for r in result["results"]]
+        if args.out:
+            from .reports.matrix import write_matrix
+
+            files = write_matrix(result, args.out)
+            lines.append(f"wrote {files['md']}, {files['png']}, {files['html']}")
+        _emit(args, result, "\n".join(lines))
+    elif args.command == "profile":
+        from .frontend.onnx_loader import parse_input_shapes
+        from .profiling import profile
+
+        if args.out:
+            api._check_out_dir(args.out)
+        result = profile(args.model, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, tolerance=args.tolerance,
+                         repeats=args.repeats, input_shapes=parse_input_shapes(args.input_shape),
+                         allow_unenforced_share=args.allow_unenforced_share)
+        lines = ["share    cores/SMs  median_ms  std_ms"]
+        lines += [f"{r['share']:<8} {str(r.get('cores', r.get('sm_count'))):<10} {r['median_ms']:<10.4f} "
+                  f"{r['std_ms']:.4f}" for r in result["shares"]]
+        lines.append(f"knee: {result['knee']} (smallest share within {result['tolerance']:.0%} "
+                     f"of {result['shares'][-1]['share']})")
+        if args.out:
+            from .reports.matrix import write_profile
+
+            files = write_profile(result, args.out)
+            lines.append(f"wrote {files['json']}, {files['png']}")
         _emit(args, result, "\n".join(lines))
     elif args.command == "records":
         from .records.database import find_share_databases, summarize

@@ -3,6 +3,44 @@ from __future__ import annotations
 
 import os
 
+FAILED_US = 1e9
+
+
+def _best_us(record) -> float:
+    secs = [float(s) for s in (record.run_secs or [])]
+    return sum(secs) / len(secs) * 1e6 if secs else float("inf")
+
+
+def useful_records(database, baselines: dict[str, float] | None):
+    """A database of the records worth applying: per workload, its best record, unless that is no
+    faster than the untuned kernel (then the workload keeps the default schedule).
+
+    Returns (database, {workload_key: applied?}).
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..records.baselines import workload_key
+
+    if not baselines:
+        return database, {}
+    kept = ms.database.MemoryDatabase()
+    decisions: dict[str, bool] = {}
+    workloads = {}
+    for record in database.get_all_tuning_records():
+        workloads.setdefault(workload_key(record.workload.mod), record.workload)
+    for key, workload in workloads.items():
+        top = database.get_top_k(workload, 1)
+        if not top:
+            continue
+        best = top[0]
+        baseline = baselines.get(key)
+        apply = baseline is None or _best_us(best) < baseline
+        decisions[key] = apply
+        if apply:
+            kept.commit_tuning_record(ms.database.TuningRecord(
+                best.trace, kept.commit_workload(workload.mod), best.run_secs, best.target, best.args_info))
+    return kept, decisions
+
 
 def apply_records(*, prepared_mod, target, database):
     """Replace every tuned TIR function with its best record; the rest stay for DLight/default.
@@ -17,9 +55,11 @@ def apply_records(*, prepared_mod, target, database):
         return relax.transform.MetaScheduleApplyDatabase()(prepared_mod)
 
 
-def compile_and_export(*, prepared_mod, target, database, path: str) -> str:
+def compile_and_export(*, prepared_mod, target, database, path: str, baselines: dict | None = None) -> str:
     import tvm
 
+    if database is not None:
+        database, _ = useful_records(database, baselines)
     mod = prepared_mod if database is None else apply_records(prepared_mod=prepared_mod, target=target,
                                                               database=database)
     # Untuned functions get the default pipeline (DLight schedules GPU kernels).

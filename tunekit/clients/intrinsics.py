@@ -17,6 +17,19 @@ _PACKAGE = "tvm.s_tir.tensor_intrin"
 _BY_TARGET_KIND = {"cuda": ("cuda",), "llvm": ("x86", "arm_cpu")}
 
 
+def prepare_metaschedule_logging() -> None:
+    """MetaSchedule re-runs logging.dictConfig for every set of TuneContexts and lists the handlers
+    already on its logger by name; a handler without a name (pytest's log capture, a CI pipeline's
+    own) makes it fail with "'NoneType' object has no attribute 'format'" on the second run in one
+    process. Such handlers would be dropped by that dictConfig anyway: drop them first."""
+    import logging
+
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in list(ms_logger.handlers):
+        if not handler.get_name():
+            ms_logger.removeHandler(handler)
+
+
 def import_for_target(kind: str) -> None:
     import tvm.s_tir
 

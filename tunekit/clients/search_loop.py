@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import TuneConfig
+from ..records.baselines import workload_key
 
 log = logging.getLogger("tunekit.search")
 
@@ -60,9 +61,18 @@ class _Task:
     exhausted: bool = False
     seen: dict = field(default_factory=dict)  # trace key -> run_secs already in the database
 
+    @property
+    def effective_us(self) -> float | None:
+        """What this task costs in the compiled model: its best record, unless the untuned kernel is
+        faster (then the record is not applied; see clients.compiler)."""
+        known = [us for us in (self.best_us, self.untuned_us) if us is not None]
+        return min(known) if known else None
+
     def score(self) -> float:
-        # Gradient-style: expected gain ~ weight x current latency, fading while a task stops improving.
-        latency = self.best_us if self.best_us is not None else float("inf")
+        # Expected gain ~ the time this task takes in the model (weight x latency), fading while the
+        # task stops improving. The untuned baseline gives every task a latency before its first
+        # batch, so trials go to the heavy kernels first instead of round-robin from the first task.
+        latency = self.effective_us if self.effective_us is not None else float("inf")
         return self.weight * latency * (0.5 ** self.stale_batches)
 
 
@@ -102,11 +112,16 @@ def _untuned_module(ctx, target):
     """The task as the untuned model runs it: naive loops on CPU, DLight's default schedule on GPU."""
     if target.kind.name != "cuda":
         return ctx.mod
+    import tvm
     from tvm.s_tir import dlight as dl
 
+    # On a private copy: DLight schedules the PrimFuncs in place, and ctx.mod is also the workload
+    # in the database. Scheduling it changed the workload's structure, so MetaScheduleApplyDatabase
+    # in this process matched none of the records (seen on the H100: tuned model == untuned model).
+    private = tvm.ir.load_json(tvm.ir.save_json(ctx.mod))
     with target:
         return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(ctx.mod)
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(private)
 
 
 def run_search(*, extracted_tasks, target, database, builder, runner, cost_model, config: TuneConfig,
@@ -146,9 +161,6 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
 
     def pick(exclude: int | None) -> _Task | None:
         open_tasks = [t for t in tasks if not t.exhausted and t.index != exclude and t.measured < config.trials]
-        fresh = [t for t in open_tasks if t.measured == 0]
-        if fresh:  # every task gets one batch before any gets a second
-            return fresh[0]
         return max(open_tasks, key=_Task.score, default=None)
 
     def launch(task: _Task, remaining: int):
@@ -185,7 +197,7 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
                 run_results.append(RunnerResult(None, built.error_msg or "build failed"))
         phases.wait_s += time.perf_counter() - t
         t = time.perf_counter()
-        previous_best = task.best_us
+        previous = task.effective_us
         ok_candidates, ok_results = [], []
         for j, built, result in zip(fresh, build_results, run_results):
             timing = getattr(runner, "timings", {}).pop(str(built.artifact_path), None) if built.artifact_path else None
@@ -215,7 +227,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         notify_results = run_results + [RunnerResult(task.seen[keys[j]], None) for j in cached]
         task.cached += len(cached)
         task.ctx.notify_runner_results(notified, notify_results)
-        improved = task.best_us is not None and (previous_best is None or task.best_us < previous_best * 0.99)
+        now = task.effective_us
+        improved = now is not None and (previous is None or now < previous * 0.99)
         task.stale_batches = 0 if improved else task.stale_batches + 1
         if not fresh and cached:
             task.stale_batches += 1  # the search keeps proposing known candidates: it has converged
@@ -228,17 +241,19 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
     done = 0
     in_flight = None
     idle_rounds = 0
+    exhausted = False
     while True:
         remaining = budget - done - (len(in_flight[3]) if in_flight else 0)
-        task = pick(in_flight[0].index if in_flight else None) if remaining > 0 else None
+        task = pick(in_flight[0].index if in_flight else None) if remaining > 0 and not exhausted else None
         if task is not None and (overlap or in_flight is None):
             batch = launch(task, remaining)
             if batch is not None and not batch[3] and batch[4]:
                 # All candidates were known: no trial spent, but the search must hear back.
                 join(batch)
                 idle_rounds += 1
-                if idle_rounds > 4 * len(tasks):
-                    break  # every task keeps proposing known candidates: the space is exhausted
+                # Every task keeps proposing known candidates: the space is exhausted. Stop
+                # launching, but still collect the batch in flight.
+                exhausted = idle_rounds > 4 * len(tasks)
                 continue
             idle_rounds = 0
             if in_flight is not None:
@@ -254,7 +269,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
 
     wall = time.perf_counter() - started
     measured = sum(t.measured for t in tasks)
-    task_rows = [{"name": t.name, "weight": int(t.weight), "trials": t.measured, "failed": t.failed,
+    task_rows = [{"name": t.name, "workload_hash": workload_key(t.ctx.mod), "weight": int(t.weight),
+                  "trials": t.measured, "failed": t.failed,
                   "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                   "tuned_us": round(t.best_us, 3) if t.best_us else None,
                   "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None}

@@ -79,6 +79,9 @@ def _process_on(cores: list[int]):
 
 def tune_tasks(*, extracted_tasks, target, database, work_dir: str, measurement: Measurement,
                config: TuneConfig, show_progress: bool) -> TuningOutcome:
+    from .intrinsics import prepare_metaschedule_logging
+
+    prepare_metaschedule_logging()
     progress = ProgressBar(total=config.trials, show=show_progress)
     try:
         if config.engine == "stock":

@@ -61,6 +61,13 @@ def load_onnx(path: str):
         raise TunekitError(f"{path} is not a valid ONNX model: {first[:200]}") from None
     if not model.graph.node:
         raise TunekitError(f"{path} has an empty graph")
+    newest = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > newest:
+            # onnx's checker lets an unknown future opset through; operators would be read by rules
+            # they were not written for.
+            raise TunekitError(f"{path} declares ONNX opset {opset.version}, newer than the newest this "
+                               f"installation knows ({newest})")
     return model
 
 
@@ -90,6 +97,12 @@ def model_inputs(model, overrides: dict[str, list[int]]) -> ModelInputs:
                 raise TunekitError(f"input {inp.name!r} has a dynamic dimension {dim.dim_param or '?'}; "
                                    f"fix it with --input-shape {inp.name}:" + "x".join(["N"] * len(tensor_type.shape.dim)))
         shapes[inp.name] = dims
+    for name, dims in shapes.items():
+        # A batch-1 model input beyond 2^31 elements is a typo or a hostile file, not a workload:
+        # refuse it before anything tries to allocate it.
+        if int(np.prod(dims, dtype=np.float64)) > 2**31:
+            raise TunekitError(f"input {name!r} has an absurd shape {dims} (over 2^31 elements); "
+                               f"fix it with --input-shape {name}:...")
     return ModelInputs(shapes, dtypes)
 
 

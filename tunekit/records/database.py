@@ -18,12 +18,51 @@ def database_dir(out_dir: str, share_label: str) -> str:
     return os.path.join(out_dir, f"records-{share_label}")
 
 
+def repair_truncated_tail(path: str) -> int:
+    """Cut a last line that a crash left half-written (TVM's JSONDatabase refuses the whole file
+    with "Unexpected end of string"). The cut bytes are kept beside the file, not thrown away.
+    Returns how many bytes were moved aside."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb") as fh:
+        data = fh.read()
+    keep = len(data)
+    while keep:
+        start = data.rfind(b"\n", 0, keep - 1) + 1
+        line = data[start:keep].strip()
+        if not line:
+            keep = start
+            continue
+        try:
+            json.loads(line)
+            break
+        except ValueError:
+            keep = start
+    if keep == len(data):
+        return 0
+    import logging
+    import time
+
+    aside = f"{path}.damaged-{int(time.time())}"
+    with open(aside, "wb") as fh:
+        fh.write(data[keep:])
+    with open(path, "r+b") as fh:
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+    logging.getLogger("tunekit.records").warning("repaired %s: a cut-off last line (%d bytes) moved to %s",
+                                                 path, len(data) - keep, aside)
+    return len(data) - keep
+
+
 def open_database(path: str, *, create: bool = True):
     from tvm.s_tir import meta_schedule as ms
 
     if not create and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     os.makedirs(path, exist_ok=True)
+    for name in (WORKLOADS, RECORDS):
+        repair_truncated_tail(os.path.join(path, name))
     return ms.database.JSONDatabase(work_dir=path, module_equality="structural")
 
 

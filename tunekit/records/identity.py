@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 
+from ..atomic import write_json_atomic
 from ..errors import TunekitError
 
 IDENTITY_FILE = "tunekit-run.json"
@@ -44,12 +45,7 @@ def check_or_write(db_dir: str, identity: dict, *, resume: bool, existing_trials
                                    f"({before.get(key)!r}, now {identity.get(key)!r})")
         return
     os.makedirs(db_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(identity, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(path, identity, indent=1)
 
 
 @contextlib.contextmanager

@@ -1,16 +1,10 @@
 """report.json: written atomically so an interrupted run never leaves half a report."""
 from __future__ import annotations
 
-import json
 import os
+
+from ..atomic import write_json_atomic
 
 
 def write_report(report: dict, out_dir: str) -> str:
-    path = os.path.join(out_dir, "report.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(report, fh, indent=2, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(os.path.join(out_dir, "report.json"), report)
