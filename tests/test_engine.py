@@ -177,3 +177,32 @@ def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path
     applied = apply_records(prepared_mod=prepared, target=target, database=database)
     scheduled = [gv.name_hint for gv, f in applied.functions.items() if f.attrs and f.attrs.get("tirx.is_scheduled", False)]
     assert scheduled == [tasks[0].task_name]
+
+
+def test_a_hung_candidate_fails_alone_and_its_server_is_replaced(tmp_path):
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def hang(a: T.Buffer((1,), "float32")):
+        while T.float32(1) > T.float32(0):
+            a[0] = a[0] + T.float32(1)
+
+    target = tvm.target.Target({"kind": "llvm"})
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
+    hang_mod = tvm.IRModule({"main": hang})
+    ok_mod = _add_one_module()
+    with RunnerFleet(key="t-hang", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
+        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
+                                            candidate_timeout_s=5), on_hang=fleet.stop_server_on_port)
+        try:
+            built = pool.build([BuilderInput(hang_mod, target), BuilderInput(ok_mod, target)])
+            assert [b.error_msg for b in built] == [None, None]
+            futures = runner.run([RunnerInput(built[0].artifact_path, "cpu", ArgInfo.from_prim_func(hang)),
+                                  RunnerInput(built[1].artifact_path, "cpu", ArgInfo.from_prim_func(ok_mod["main"]))])
+            hung, after = [f.result() for f in futures]
+            assert hung.error_msg is not None and "server was stopped" in hung.error_msg
+            assert after.error_msg is None and min(after.run_secs) > 0  # the run goes on, on a new server
+            assert runner.hangs == 1 and fleet.restarts == 1
+        finally:
+            runner.shutdown()
+            pool.shutdown()

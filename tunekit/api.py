@@ -198,7 +198,7 @@ def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | N
         with RunnerFleet(key=f"tunekit-{share.label}", pinned=session.pinned, config=fleet_config) as fleet:
             measurement = Measurement(tracker_port=fleet.tracker_port, key=fleet.key, servers=config.servers,
                                       device_kind=share.kind, share_cores=session.pinned.cores,
-                                      share_env=session.pinned.env)
+                                      share_env=session.pinned.env, on_hang=fleet.stop_server_on_port)
             outcome = tune_tasks(extracted_tasks=tasks, target=target, database=database,
                                  work_dir=os.path.join(out, "work"), measurement=measurement, config=config,
                                  show_progress=show_progress)

@@ -243,9 +243,11 @@ def _stop_leftover_children() -> None:
 def _on_signal(signum, frame):
     # Ctrl-C / SIGTERM: unwind through every `with` so servers, tracker, MPS daemon and build workers
     # stop. Inside TVM's C++ the interrupt can surface as a RuntimeError: the flag says what it was.
+    from .interrupts import request_stop
+
     global _INTERRUPTED
     _INTERRUPTED = True
-    raise KeyboardInterrupt
+    request_stop()  # inside the tuning loop: a polite stop after the batch in flight; else raises
 
 
 def main(argv=None) -> int:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import TuneConfig
+from ..interrupts import stop_requested
 from ..records.baselines import workload_key
 
 log = logging.getLogger("tunekit.search")
@@ -243,6 +244,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
     idle_rounds = 0
     exhausted = False
     while True:
+        if stop_requested():
+            exhausted = True  # Ctrl-C: launch nothing more, still collect the batch in flight
         remaining = budget - done - (len(in_flight[3]) if in_flight else 0)
         task = pick(in_flight[0].index if in_flight else None) if remaining > 0 and not exhausted else None
         if task is not None and (overlap or in_flight is None):

@@ -43,7 +43,7 @@ class RunnerConfig:
     number: int = 3                   # time evaluator: runs per repeat
     repeat: int = 1
     min_repeat_ms: int = 20
-    candidate_timeout_s: float = 60.0  # one candidate; a hang fails it and drops its session
+    candidate_timeout_s: float = 60.0  # one candidate; a hang fails it and its server is stopped (see on_hang)
     connect_timeout_s: float = 120.0   # waiting for a free server (e.g. while one restarts)
     enable_cpu_cache_flush: bool = False
 
@@ -70,15 +70,22 @@ class _Job:
     runner_input: RunnerInput
     future: concurrent.futures.Future
     timing: RunTiming = field(default_factory=RunTiming)
+    hung: bool = False
 
 
 @derived_object
 class SessionRunner(PyRunner):
     """Measure candidates on the share's servers through persistent RPC sessions."""
 
-    def __init__(self, config: RunnerConfig):
+    def __init__(self, config: RunnerConfig, *, on_hang=None):
+        """`on_hang(port)` is called when a candidate runs past its timeout on the server listening on
+        `port`: an RPC call cannot be interrupted from the client, so the server must be stopped
+        (the fleet's supervisor starts a new one). Without it a hung server stays lost to the run."""
         super().__init__()
         self.config = config
+        self.on_hang = on_hang
+        self._busy: dict[int, tuple[float, int, "_Job"]] = {}  # thread -> (started, server port, job)
+        self.hangs = 0
         self._jobs: "queue.Queue[_Job | None]" = queue.Queue()
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"tunekit-session-{i}")
                          for i in range(max(1, config.sessions))]
@@ -86,6 +93,7 @@ class SessionRunner(PyRunner):
         self.session_failures = 0
         for thread in self._threads:
             thread.start()
+        threading.Thread(target=self._watchdog, daemon=True, name="tunekit-session-watchdog").start()
 
     # ---- PyRunner ----
     def run(self, runner_inputs: list[RunnerInput]) -> list[_Future]:
@@ -99,21 +107,54 @@ class SessionRunner(PyRunner):
         return futures
 
     def shutdown(self) -> None:
+        self._stopped = True
         for _ in self._threads:
             self._jobs.put(None)
 
+    def _watchdog(self) -> None:
+        while not getattr(self, "_stopped", False):
+            time.sleep(0.5)
+            now = time.monotonic()
+            for index, (started, port, job) in list(self._busy.items()):
+                if now - started > self.config.candidate_timeout_s and not job.hung:
+                    job.hung = True
+                    self.hangs += 1
+                    log.warning("a candidate ran past %.0f s on the server at port %d: stopping that server",
+                                self.config.candidate_timeout_s, port)
+                    if self.on_hang is not None:
+                        self.on_hang(port)
+
     # ---- one thread per server ----
     def _connect(self):
+        """TrackerSession.request, keeping the server's port (to stop that server if it hangs)."""
         from tvm import rpc
+        from tvm.rpc import base
 
         tracker = rpc.connect_tracker(self.config.tracker_host, self.config.tracker_port)
-        # session_timeout=0: the session lives as long as we hold it; timeouts are per candidate.
-        return tracker.request(self.config.key, priority=1, session_timeout=0,
-                               max_retry=max(1, int(self.config.connect_timeout_s / 5)))
+        last_error = None
+        try:
+            for _ in range(max(1, int(self.config.connect_timeout_s / 5))):
+                try:
+                    base.sendjson(tracker._sock, [base.TrackerCode.REQUEST, self.config.key, "", 1])
+                    reply = base.recvjson(tracker._sock)
+                    if reply[0] != base.TrackerCode.SUCCESS:
+                        raise RuntimeError(f"tracker refused the request: {reply!s}")
+                    host, port, match_key = reply[1]
+                    # session_timeout=0: the session lives as long as we hold it; timeouts are per candidate.
+                    return rpc.connect(host, port, match_key, 0), int(port)
+                except (OSError, RuntimeError) as exc:
+                    last_error = exc
+                    time.sleep(1)
+                    tracker.close()
+                    tracker = rpc.connect_tracker(self.config.tracker_host, self.config.tracker_port)
+        finally:
+            tracker.close()
+        raise RuntimeError(f"no runner server for key {self.config.key!r}: {last_error}")
 
     def _serve(self, index: int) -> None:
         session = None
         random_fill = None
+        port = None
         while True:
             job = self._jobs.get()
             if job is None:
@@ -121,15 +162,22 @@ class SessionRunner(PyRunner):
             job.timing.server = index
             try:
                 if session is None:
-                    session = self._connect()
+                    session, port = self._connect()
                     random_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
-                costs = self._measure(session, random_fill, job)
+                self._busy[index] = (time.monotonic(), port, job)
+                try:
+                    costs = self._measure(session, random_fill, job)
+                finally:
+                    self._busy.pop(index, None)
                 job.timing.ok = True
                 job.future.set_result(RunnerResult([float(c) for c in costs], None))
             except Exception as exc:  # the candidate failed; the session may be gone with it
-                message = str(exc).strip().splitlines()
-                job.future.set_result(RunnerResult(None, f"tunekit SessionRunner: {' '.join(message[-3:])[:500]}"))
-                if _session_broken(exc):
+                message = " ".join(str(exc).strip().splitlines()[-3:])[:500]
+                if job.hung:
+                    message = (f"ran past {self.config.candidate_timeout_s:.0f} s; its server was stopped "
+                               f"and replaced ({message[:200]})")
+                job.future.set_result(RunnerResult(None, f"tunekit SessionRunner: {message}"))
+                if job.hung or _session_broken(exc):
                     self.session_failures += 1
                     session = random_fill = None
 

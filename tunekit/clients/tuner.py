@@ -44,6 +44,7 @@ class Measurement:
     share_cores: list[int] | None = None  # CPU share: the cores the servers are pinned to
     host: str = "127.0.0.1"
     share_env: dict = field(default_factory=dict)  # what pins a process to the share (MPS vars on GPU)
+    on_hang: object = None  # callable(port): stop the server a hung candidate holds (the fleet's)
 
 
 def builder_cores(measurement: Measurement, *, overlap: bool) -> list[int]:
@@ -98,6 +99,7 @@ def _tune_tunekit(extracted_tasks, target, database, work_dir, measurement, conf
     from .search_loop import run_search
     from .session_runner import RunnerConfig, SessionRunner
 
+    from ..interrupts import cooperative
     from .intrinsics import import_for_target
 
     import_for_target(target.kind.name)
@@ -109,11 +111,11 @@ def _tune_tunekit(extracted_tasks, target, database, work_dir, measurement, conf
     runner = SessionRunner(RunnerConfig(tracker_host=measurement.host, tracker_port=measurement.tracker_port,
                                         key=measurement.key, sessions=measurement.servers,
                                         candidate_timeout_s=config.session_timeout_s,
-                                        min_repeat_ms=config.min_repeat_ms))
+                                        min_repeat_ms=config.min_repeat_ms), on_hang=measurement.on_hang)
     log.info("engine tunekit: %d build workers on cores %s, %d sessions, overlap %s",
              builder.workers, cores, measurement.servers, overlap)
     try:
-        with _process_on(cores):
+        with cooperative(), _process_on(cores):
             outcome = run_search(extracted_tasks=extracted_tasks, target=target, database=database,
                                  builder=builder, runner=runner,
                                  cost_model=ms.cost_model.XGBModel(num_tuning_cores=len(cores)),
@@ -124,7 +126,8 @@ def _tune_tunekit(extracted_tasks, target, database, work_dir, measurement, conf
         builder.shutdown()
     return TuningOutcome(database, outcome.trials_done, outcome.trials_failed, outcome.wall_s, outcome.tasks,
                          engine="tunekit", trials_cached=outcome.trials_cached,
-                         phases={**outcome.phases, "overlap": overlap, "build_workers": builder.workers},
+                         phases={**outcome.phases, "overlap": overlap, "build_workers": builder.workers,
+                                 "hung_candidates": runner.hangs},
                          session_failures=outcome.session_failures)
 
 

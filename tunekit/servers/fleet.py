@@ -61,6 +61,14 @@ class RunnerFleet:
         self._wait_ready()
         threading.Thread(target=self._supervise, daemon=True).start()
 
+    def stop_server_on_port(self, port: int) -> bool:
+        """Kill the server listening on `port` (a candidate hung it); the supervisor starts a new one."""
+        for proc in list(self._servers):
+            if getattr(proc, "tunekit_port", None) == port and proc.poll() is None:
+                proc.kill()
+                return True
+        return False
+
     def _start_server(self) -> subprocess.Popen:
         port = free_port(self.config.host)
         tracker = f"{self.config.host}:{self.tracker_port}"
@@ -74,8 +82,10 @@ class RunnerFleet:
                    "--host", self.config.host, "--port", str(port), "--port-end", str(port + 1)]
             if self.pinned.share.kind == "gpu":
                 cmd.append("--no-fork")  # fork mode fails CUDA init
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._server_log(),
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._server_log(),
                                 **self.pinned.popen_kwargs())
+        proc.tunekit_port = port
+        return proc
 
     def _server_log(self):
         # Server stderr goes to a log file (not our terminal): kept for post-mortems of crashes.
