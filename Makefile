@@ -16,7 +16,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tunekit example --out examples/tiny_cnn.onnx
-	$(BIN)/tunekit tune examples/tiny_cnn.onnx --cpu-pct 50 --trials 32
+	$(BIN)/tunekit tune examples/tiny_cnn.onnx --cpu-pct 50 --trials 32 --resume  # a re-run adds 32 trials
 
 test: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" tests
