@@ -206,12 +206,12 @@ def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | N
         write_baselines(db_dir, {t["workload_hash"]: t.get("untuned_us") for t in outcome.tasks
                                  if t.get("workload_hash")})
         baselines = read_baselines(db_dir)
-        _, applied = useful_records(database, baselines)
+        records_to_apply, applied = useful_records(database, baselines)
         for row in outcome.tasks:
             if row.get("workload_hash") in applied:
                 row["record_applied"] = applied[row["workload_hash"]]
-        artifact = compile_and_export(prepared_mod=prepared, target=target, database=database,
-                                      path=os.path.join(out, f"{model_name}-{share.label}.so"), baselines=baselines)
+        artifact = compile_and_export(prepared_mod=prepared, target=target, database=records_to_apply,
+                                      path=os.path.join(out, f"{model_name}-{share.label}.so"))
         tuned, _ = measure_latency(artifact=artifact, inputs=sample, pinned=session.pinned,
                                    repeats=config.measure_repeats)
         environment = _environment(session)

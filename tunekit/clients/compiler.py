@@ -3,14 +3,6 @@ from __future__ import annotations
 
 import os
 
-FAILED_US = 1e9
-
-
-def _best_us(record) -> float:
-    secs = [float(s) for s in (record.run_secs or [])]
-    return sum(secs) / len(secs) * 1e6 if secs else float("inf")
-
-
 def useful_records(database, baselines: dict[str, float] | None):
     """A database of the records worth applying: per workload, its best record, unless that is no
     faster than the untuned kernel (then the workload keeps the default schedule).
@@ -20,6 +12,7 @@ def useful_records(database, baselines: dict[str, float] | None):
     from tvm.s_tir import meta_schedule as ms
 
     from ..records.baselines import workload_key
+    from ..records.database import mean_run_us
 
     if not baselines:
         return database, {}
@@ -34,7 +27,8 @@ def useful_records(database, baselines: dict[str, float] | None):
             continue
         best = top[0]
         baseline = baselines.get(key)
-        apply = baseline is None or _best_us(best) < baseline
+        best_us = mean_run_us(best.run_secs)
+        apply = best_us is not None and (baseline is None or best_us < baseline)
         decisions[key] = apply
         if apply:
             kept.commit_tuning_record(ms.database.TuningRecord(

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from ..config import TuneConfig
 from ..interrupts import stop_requested
 from ..records.baselines import workload_key
+from ..records.database import FAILED_RUN_SECS
+from ..records.database import mean_run_us as _us
 
 log = logging.getLogger("tunekit.search")
 
-FAILED_RUN_SECS = 1e10  # what MetaSchedule's AddToDatabase records for a failed candidate
 
 
 @dataclass
@@ -100,13 +101,6 @@ def _records_by_workload(database) -> dict:
         secs = [float(s) for s in (record.run_secs or [])]
         seen.setdefault(record.workload.mod, {})[trace_key(record.trace)] = secs
     return seen
-
-
-def _us(run_secs) -> float | None:
-    secs = [float(s) for s in (run_secs or [])]
-    if not secs or min(secs) >= FAILED_RUN_SECS / 10:
-        return None
-    return sum(secs) / len(secs) * 1e6
 
 
 def _untuned_module(ctx, target):

@@ -14,6 +14,17 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 
 
+FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed candidate
+
+
+def mean_run_us(run_secs) -> float | None:
+    """Mean measured time of a record in microseconds; None for a failed (or empty) measurement."""
+    secs = [float(s) for s in (run_secs or [])]
+    if not secs or min(secs) >= FAILED_RUN_SECS / 10:
+        return None
+    return sum(secs) / len(secs) * 1e6
+
+
 def database_dir(out_dir: str, share_label: str) -> str:
     return os.path.join(out_dir, f"records-{share_label}")
 
@@ -110,11 +121,10 @@ def summarize(path: str) -> dict:
             total += 1
             entry = per.setdefault(index, {"trials": 0, "best_us": None})
             entry["trials"] += 1
-            secs = [float(s) for s in (run_secs or [])]
-            if not secs or min(secs) >= 1e9:
+            mean_us = mean_run_us(run_secs)
+            if mean_us is None:
                 failed += 1
                 continue
-            mean_us = sum(secs) / len(secs) * 1e6
             if entry["best_us"] is None or mean_us < entry["best_us"]:
                 entry["best_us"] = mean_us
     return {"path": path, "workloads": len(workloads), "trials": total, "failed_trials": failed,
