@@ -151,17 +151,19 @@ def _resolve_auto(model: str, gpu_pct, cpu_pct, config: TuneConfig) -> tuple:
 
 def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | None = None,
          trials: int | None = None, out: str | None = None, config: TuneConfig | None = None,
-         show_progress: bool = False) -> TuneResult:
+         coordinator=None, show_progress: bool = False) -> TuneResult:
     """Tune `model` (an ONNX path) for one share; write records, the compiled model and report.json.
-    A pct of "auto" profiles the untuned model first and tunes at the knee (see tunekit.profiling)."""
+    A pct of "auto" profiles the untuned model first and tunes at the knee (see tunekit.profiling).
+    With `coordinator` (a tunekit.coordinator.CoordinatorConfig) the tasks are sharded over Ray
+    tuning clients; without it the run is one process (no Ray start-up)."""
     from .clients.compiler import compile_and_export, useful_records
     from .clients.tuner import Measurement, tune_tasks
     from .records.baselines import read_baselines, write_baselines
     from .frontend.tasks import extract_tasks, prepare_for_tuning
-    from .records.database import count_trials, database_dir, open_database
+    from .records.database import count_trials, database_dir, open_database, repaired_bytes
     from .records.identity import check_or_write, out_dir_lock, run_identity
     from .reports.report import write_report
-    from .servers.fleet import FleetConfig, RunnerFleet
+    from .servers.fleet import FleetConfig, RunnerFleet, listen_secret
     from .servers.latency import measure_latency
     from .shares.mps import gpu_name
     from .targets import target_for
@@ -169,11 +171,24 @@ def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | N
     config = config or TuneConfig()
     if trials is not None:
         config = dataclasses.replace(config, trials=trials)
+    # Before any work: a network-reachable listen host without a secret is refused (README "Security").
+    rpc_secret = listen_secret(listen_host=config.listen_host, secret_file=config.rpc_secret_file,
+                               server_mode=config.server_mode, engine=config.engine)
     gpu_pct, cpu_pct, share_choice = _resolve_auto(model, gpu_pct, cpu_pct, config)
     share = _resolve_share(gpu_pct, cpu_pct)
     share_choice = share_choice or {"mode": "fixed", "chosen": share.label}
     model_name = os.path.splitext(os.path.basename(model))[0]
     out = out or os.path.join("tunekit-out", f"{model_name}-{share.label}")
+    if coordinator is not None:
+        from .coordinator.coordinator import tune_shares as _coordinated
+
+        result = _coordinated(model, shares=[share], out=out, config=config, coordinator=coordinator,
+                              show_progress=show_progress)[0]
+        result.report["share_choice"] = share_choice
+        from .reports.report import write_report
+
+        write_report(result.report, out)
+        return result
     started = time.time()
     _, inputs, mod = _load_model(model, config.input_shapes)
     _check_out_dir(out)
@@ -194,15 +209,18 @@ def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | N
         untuned, _ = measure_latency(artifact=untuned_path, inputs=sample, pinned=session.pinned,
                                      repeats=config.measure_repeats)
         database = open_database(db_dir)
-        fleet_config = FleetConfig(servers=config.servers, server_mode=config.server_mode)
+        fleet_config = FleetConfig(servers=config.servers, server_mode=config.server_mode,
+                                   host=config.listen_host, secret=rpc_secret)
         with RunnerFleet(key=f"tunekit-{share.label}", pinned=session.pinned, config=fleet_config) as fleet:
             measurement = Measurement(tracker_port=fleet.tracker_port, key=fleet.key, servers=config.servers,
                                       device_kind=share.kind, share_cores=session.pinned.cores,
-                                      share_env=session.pinned.env, on_hang=fleet.stop_server_on_port)
+                                      share_env=session.pinned.env, on_hang=fleet.stop_server_on_port,
+                                      host=fleet_config.connect_host, secret=rpc_secret)
             outcome = tune_tasks(extracted_tasks=tasks, target=target, database=database,
                                  work_dir=os.path.join(out, "work"), measurement=measurement, config=config,
                                  show_progress=show_progress)
             server_restarts = fleet.restarts
+            faults = {**fleet.fault_counts(), **outcome.faults, "records_repaired_bytes": repaired_bytes(db_dir)}
         write_baselines(db_dir, {t["workload_hash"]: t.get("untuned_us") for t in outcome.tasks
                                  if t.get("workload_hash")})
         baselines = read_baselines(db_dir)
@@ -224,7 +242,7 @@ def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | N
         "latency_ms": {"untuned": untuned, "tuned": tuned,
                        "speedup": round(untuned["median_ms"] / tuned["median_ms"], 3)},
         "tasks": outcome.tasks, "tuning_wall_s": round(outcome.wall_s, 2),
-        "wall_s": round(time.time() - started, 2), "server_restarts": server_restarts,
+        "wall_s": round(time.time() - started, 2), "server_restarts": server_restarts, "faults": faults,
         "records_dir": db_dir, "artifact": artifact, "environment": environment,
         "config": dataclasses.asdict(config),
     }
@@ -232,6 +250,63 @@ def tune(model: str, *, gpu_pct: int | str | None = None, cpu_pct: int | str | N
     return TuneResult(share=share.label, out_dir=out, records_dir=db_dir, artifact=artifact,
                       report_path=report_path, untuned_ms=untuned["median_ms"], tuned_ms=tuned["median_ms"],
                       trials=outcome.trials_done, wall_s=report["wall_s"], report=report)
+
+
+@dataclass
+class SharesResult:
+    """Several shares tuned in one run: one TuneResult (and one database) per share."""
+
+    out_dir: str
+    report_path: str
+    results: list[TuneResult]
+    report: dict = field(repr=False, default_factory=dict)
+
+
+def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str | list | None = None,
+                trials: int | None = None, out: str | None = None, config: TuneConfig | None = None,
+                coordinator=None, show_progress: bool = False) -> SharesResult:
+    """Tune `model` for several shares (e.g. gpu_pct="25,50,100") in one run on Ray: shares that fit on
+    the device together are tuned at the same time, each into its own records-<share> database;
+    report.json compares them."""
+    from .coordinator.coordinator import CoordinatorConfig, tune_shares as _coordinated
+    from .reports.report import write_report
+    from .shares.share import parse_pct_list
+
+    if gpu_pct is not None and cpu_pct is not None:
+        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
+    text = gpu_pct if gpu_pct is not None else cpu_pct if cpu_pct is not None else "50"
+    kind = "gpu" if gpu_pct is not None else "cpu"
+    if isinstance(text, (list, tuple)):
+        text = ",".join(map(str, text))
+    if "auto" in str(text):
+        raise TunekitError(f"--{kind}-pct auto picks one share: it cannot be part of a list")
+    shares = parse_pct_list(text, kind=kind)
+    if kind == "gpu":
+        _resolve_share(shares[0].pct, None)  # a clear error when there is no GPU
+    config = config or TuneConfig()
+    if trials is not None:
+        config = dataclasses.replace(config, trials=trials)
+    model_name = os.path.splitext(os.path.basename(model))[0]
+    out = out or os.path.join("tunekit-out", f"{model_name}-{'-'.join(s.label for s in shares)}")
+    results = _coordinated(model, shares=shares, out=out, config=config,
+                           coordinator=coordinator or CoordinatorConfig(), show_progress=show_progress)
+    from .reports.shares import compare_shares
+
+    report = compare_shares(results)
+    path = write_report(report, out)
+    return SharesResult(out_dir=out, report_path=path, results=results, report=report)
+
+
+def tune_for_slo(model: str, *, slo_ms: float, gpu_pct: int | str | list | None = None,
+                 cpu_pct: int | str | list | None = None, trials: int | None = None, out: str | None = None,
+                 config: TuneConfig | None = None, max_speedup: float | None = None,
+                 show_progress: bool = False):
+    """Latency SLO mode: tune at the smallest candidate share (e.g. gpu_pct="20,40,60,100") whose tuned
+    latency is <= slo_ms; `trials` per tuned share. Returns tunekit.slo.SloResult (see tunekit/slo.py)."""
+    from .slo import tune_for_slo as _tune_for_slo
+
+    return _tune_for_slo(model, slo_ms=slo_ms, gpu_pct=gpu_pct, cpu_pct=cpu_pct, trials=trials, out=out,
+                         config=config, max_speedup=max_speedup, show_progress=show_progress)
 
 
 def compile_model(model: str, *, records: str, share: str | None = None, out: str,

@@ -41,10 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="tune an ONNX model at a share; write records, compiled model, report")
     p.add_argument("model")
-    _add_share(p, many=False, auto=True)
-    p.add_argument("--trials", type=int, help="total measured candidates (default 64)")
+    _add_share(p, many=True, auto=True)
+    p.add_argument("--trials", type=int, help="total measured candidates, per share (default 64)")
     p.add_argument("--trials-per-iter", type=int)
-    p.add_argument("--servers", type=int, help="runner servers at the share (default 1)")
+    p.add_argument("--servers", type=int, help="runner servers at the share, per GPU (or per node for a CPU share); "
+                   "up to 100/pct fit on one device without overlapping (default 1)")
+    p.add_argument("--clients", type=int, help="tuning clients (Ray actors) per share, each tuning a shard of the "
+                   "tasks; with it (or several shares, --gpus, --ray-address or RAY_ADDRESS) the run goes "
+                   "through the Ray coordinator, started here unless a cluster is given (default: 1 process, no Ray)")
+    p.add_argument("--gpus", help="GPU indices to put runner servers on, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS, else start Ray here)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow the shares tuned at the same time on one device to sum past 100%%")
     p.add_argument("--server-mode", choices=["warm", "stock"])
     p.add_argument("--engine", choices=["tunekit", "stock"],
                    help="tunekit's fast tuning loop (default) or stock MetaSchedule, for comparison")
@@ -52,7 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the records in --out (never re-measures a candidate already there)")
     p.add_argument("--config", help="YAML file with TuneConfig keys; flags override it")
+    p.add_argument("--listen-host", metavar="HOST",
+                   help="address the RPC tracker and runner servers listen on (default 127.0.0.1); any other "
+                   "needs --rpc-secret-file or TUNEKIT_RPC_SECRET (README: Security)")
+    p.add_argument("--rpc-secret-file", metavar="PATH",
+                   help="shared secret (first line, chmod 600) that runner servers demand before loading code")
+    p.add_argument("--servers-gone-timeout", dest="servers_gone_timeout_s", type=float, metavar="S",
+                   help="stop the run when no runner server of the share can be reached for S seconds (default 120)")
     p.add_argument("--out", help="output dir (default ./tunekit-out/<model>-<share>)")
+    p.add_argument("--slo-ms", metavar="MS",
+                   help="latency SLO mode: tune at the smallest share whose tuned latency is <= MS milliseconds. "
+                   "--gpu-pct/--cpu-pct then take a list of candidate shares (default gpu 20,40,60,100, "
+                   "cpu 25,50,75,100; not 'auto'); each is tuned with --trials, smallest first, into "
+                   "<out>/<share>/, stopping at the first that meets the SLO; <out>/slo.json holds the result "
+                   "(default out ./tunekit-out/<model>-slo-<gpu|cpu>). Exit code 0 when the SLO is met, "
+                   "3 when no candidate share meets it (then every candidate was tuned and the best is named)")
+    p.add_argument("--slo-max-speedup", type=float, metavar="X",
+                   help="with --slo-ms: skip a share whose untuned latency is more than X times the SLO "
+                   "(default: skip none; tuning can give several x)")
     _add_common(p)
 
     p = sub.add_parser("compile", help="compile an ONNX model with a share's records")
@@ -104,6 +129,9 @@ def _tune_config(args):
     for flag in ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed"):
         if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
+    for flag in ("listen_host", "rpc_secret_file", "servers_gone_timeout_s"):  # faults and security
+        if getattr(args, flag, None) is not None:
+            values[flag] = getattr(args, flag)
     shapes = values.get("input_shapes") or {}
     shapes.update(parse_input_shapes(args.input_shape))
     values["input_shapes"] = shapes
@@ -142,13 +170,70 @@ def _emit(args, payload: dict, human: str) -> None:
     print(text, file=_RESULT_STREAM, flush=True)
 
 
-def run(args) -> None:
+def _tune_slo(args) -> int:
+    """`tune --slo-ms`: tunekit.slo.tune_for_slo over the candidate shares; EXIT_SLO_NOT_MET if none meets it."""
+    from . import api
+    from .slo import EXIT_SLO_NOT_MET, check_slo_ms, describe
+
+    if args.slo_ms is None:
+        raise TunekitError("--slo-max-speedup needs --slo-ms")
+    slo_ms = check_slo_ms(args.slo_ms)  # before the model is loaded: a typo fails at once
+    ray_flags = [flag for flag, attr in (("--clients", "clients"), ("--gpus", "gpus"), ("--ray-address", "ray_address"),
+                                         ("--oversubscribe", "oversubscribe")) if getattr(args, attr, None)]
+    if ray_flags:  # the SLO walk tunes one share at a time, in this process: refuse rather than ignore them
+        raise TunekitError(f"--slo-ms does not go through the Ray coordinator: drop {', '.join(ray_flags)}")
+    config = _tune_config(args)
+    result = api.tune_for_slo(args.model, slo_ms=slo_ms, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out,
+                              config=config, max_speedup=args.slo_max_speedup,
+                              show_progress=not args.json and sys.stderr.isatty())
+    _emit(args, dataclasses.asdict(result), describe(result))
+    return 0 if result.met else EXIT_SLO_NOT_MET
+
+
+def _coordinator_config(args):
+    """A CoordinatorConfig when the run should go through Ray, else None (one process)."""
+    several = any("," in str(v) for v in (args.gpu_pct, args.cpu_pct) if v is not None)
+    wanted = (args.clients is not None or args.gpus is not None or args.ray_address or os.environ.get("RAY_ADDRESS")
+              or several or args.oversubscribe)
+    if not wanted:
+        return None
+    from .coordinator.coordinator import CoordinatorConfig
+
+    gpus = None
+    if args.gpus is not None:
+        try:
+            gpus = [int(g) for g in str(args.gpus).split(",") if g.strip()]
+        except ValueError:
+            raise TunekitError(f"--gpus must be a list of GPU indices such as 0,1, got {args.gpus!r}") from None
+        if not gpus or min(gpus) < 0:
+            raise TunekitError(f"--gpus must be a list of GPU indices such as 0,1, got {args.gpus!r}")
+    return CoordinatorConfig(clients=args.clients if args.clients is not None else 2, gpus=gpus,
+                             ray_address=args.ray_address, oversubscribe=args.oversubscribe)
+
+
+def _tune_shares(args, config, coordinator) -> None:
     from . import api
 
+    result = api.tune_shares(args.model, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out, config=config,
+                             coordinator=coordinator, show_progress=not args.json and sys.stderr.isatty())
+    payload = {"out_dir": result.out_dir, "report_path": result.report_path, "report": result.report}
+    _emit(args, payload, result.report["table_md"] + f"\n\n{result.report['tasks_whose_best_differs']} task(s) "
+          f"have a different best record per share\nreport: {result.report_path}")
+
+
+def run(args) -> int | None:
+    from . import api
+
+    if args.command == "tune" and (args.slo_ms is not None or args.slo_max_speedup is not None):
+        return _tune_slo(args)
     if args.command == "tune":
         config = _tune_config(args)
+        coordinator = _coordinator_config(args)
+        if any("," in str(v) for v in (args.gpu_pct, args.cpu_pct) if v is not None):
+            return _tune_shares(args, config, coordinator)
         result = api.tune(args.model, gpu_pct=_pct(args.gpu_pct, "--gpu-pct"), cpu_pct=_pct(args.cpu_pct, "--cpu-pct"),
-                          out=args.out, config=config, show_progress=not args.json and sys.stderr.isatty())
+                          out=args.out, config=config, coordinator=coordinator,
+                          show_progress=not args.json and sys.stderr.isatty())
         payload = {k: v for k, v in dataclasses.asdict(result).items() if k != "report"}
         payload["report"] = result.report
         choice = result.report.get("share_choice", {})
@@ -272,8 +357,7 @@ def main(argv=None) -> int:
     try:
         try:
             args = build_parser().parse_args(argv)
-            run(args)
-            return 0
+            return run(args) or 0  # run() returns a non-zero code only for an unmet SLO (EXIT_SLO_NOT_MET)
         except TunekitError as exc:
             if debug:
                 raise

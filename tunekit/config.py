@@ -32,6 +32,11 @@ class TuneConfig:
     # and 3 generations: 3x less search for the same final latency (benchmarks/results/).
     search_population: int | None = None
     search_genetic_iters: int = 3
+    # Faults and security (README "Security"): no runner server of the share reachable for this long
+    # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
+    servers_gone_timeout_s: float = 120.0
+    listen_host: str = "127.0.0.1"   # tracker + runner servers; not loopback: needs a shared secret
+    rpc_secret_file: str | None = None  # shared secret (first line); else env TUNEKIT_RPC_SECRET
 
     @property
     def population(self) -> int:
@@ -47,6 +52,12 @@ class TuneConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TunekitError(f"{name} must be a positive integer, got {value!r}")
+        if (not isinstance(self.servers_gone_timeout_s, (int, float)) or isinstance(self.servers_gone_timeout_s, bool)
+                or not self.servers_gone_timeout_s > 0):
+            raise TunekitError(f"servers_gone_timeout_s must be a positive number of seconds, "
+                               f"got {self.servers_gone_timeout_s!r}")
+        if not isinstance(self.listen_host, str) or not self.listen_host.strip():
+            raise TunekitError(f"listen_host must be a host address, got {self.listen_host!r}")
         if self.engine not in ("tunekit", "stock"):
             raise TunekitError(f"engine must be 'tunekit' or 'stock', not {self.engine!r}")
         if self.stock_runner not in ("auto", "rpc", "local"):

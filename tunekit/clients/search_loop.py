@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..config import TuneConfig
 from ..interrupts import stop_requested
 from ..records.baselines import workload_key
-from ..records.database import FAILED_RUN_SECS
+from ..records.database import FAILED_RUN_SECS, commit_durably, commit_workload_durably
 from ..records.database import mean_run_us as _us
 
 log = logging.getLogger("tunekit.search")
@@ -61,6 +61,10 @@ class _Task:
     untuned_us: float | None = None
     stale_batches: int = 0
     exhausted: bool = False
+    cap: int = 0      # trials this task may measure (its budget, plus what it took from the pool)
+    budget: int = 0   # its budget as planned
+    extra: int = 0    # taken from the shared pool
+    resumed: int = 0  # trials already in this client's database when the call began (count_existing)
     seen: dict = field(default_factory=dict)  # trace key -> run_secs already in the database
 
     @property
@@ -121,29 +125,51 @@ def _untuned_module(ctx, target):
 
 def run_search(*, extracted_tasks, target, database, builder, runner, cost_model, config: TuneConfig,
                search_threads: int, work_dir: str, overlap: bool, progress=None,
-               measure_untuned: bool = True) -> LoopOutcome:
+               measure_untuned: bool = True, task_budgets: list[int] | None = None, pool=None,
+               known_database=None, count_existing: bool = False, improving_only: bool = True,
+               tag: dict | None = None) -> LoopOutcome:
+    """Tune `extracted_tasks` within `config.trials` (shared by the tasks, by score).
+
+    For the coordinator's clients: `task_budgets` gives each task its own budget instead; a task
+    whose space runs out gives its unused trials to `pool`, and a task that spent its budget and
+    still improves (any task, with improving_only=False) takes more from it. `known_database`
+    holds earlier runs' records (never re-measured); with `count_existing`, trials already in
+    `database` count against the budgets (a restarted client resumes its shard)."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.builder import BuilderInput
     from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
+    from .session_runner import is_not_measured
+
     started = time.perf_counter()
     phases = PhaseTimes()
     # extracted_tasks_to_tune_contexts skips already-scheduled tasks: keep the two lists aligned.
-    extracted_tasks = [t for t in extracted_tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
+    keep = [i for i, t in enumerate(extracted_tasks) if not t.mod.attrs.get("tirx.is_scheduled", False)]
+    extracted_tasks = [extracted_tasks[i] for i in keep]
+    if task_budgets is not None:
+        task_budgets = [task_budgets[i] for i in keep]
     strategy = ms.search_strategy.EvolutionarySearch(population_size=config.population,
                                                      genetic_num_iters=config.search_genetic_iters)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         extracted_tasks, work_dir, strategy=strategy, num_threads=search_threads, seed=config.seed)
     known = _records_by_workload(database)
+    mine = {mod: len(secs) for mod, secs in known.items()} if count_existing else {}
+    if known_database is not None:
+        for mod, secs in _records_by_workload(known_database).items():
+            known.setdefault(mod, {}).update(secs)
     tasks: list[_Task] = []
     t0 = time.perf_counter()
     for i, (extracted, ctx, weight) in enumerate(zip(extracted_tasks, contexts, weights)):
-        ctx.pre_tuning(max_trials=config.trials, num_trials_per_iter=config.trials_per_iter,
+        ctx.pre_tuning(max_trials=config.trials if task_budgets is None else 1 << 30,
+                       num_trials_per_iter=config.trials_per_iter,
                        design_spaces=ctx.generate_design_space(), database=database, cost_model=cost_model)
-        workload = database.commit_workload(ctx.mod)
+        workload = commit_workload_durably(database, ctx.mod)
         seen = next((secs for mod, secs in known.items() if tvm_ffi.structural_equal(mod, ctx.mod)), {})
         task = _Task(i, extracted.task_name, float(weight), ctx, workload, seen=dict(seen))
+        task.budget = task.cap = config.trials if task_budgets is None else int(task_budgets[i])
+        task.measured = next((n for mod, n in mine.items() if tvm_ffi.structural_equal(mod, ctx.mod)), 0)
+        task.resumed = task.measured
         bests = [us for us in map(_us, seen.values()) if us is not None]
         task.best_us = min(bests) if bests else None
         tasks.append(task)
@@ -155,8 +181,24 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         _measure_untuned(tasks, target, builder, runner, device_type, phases)
 
     def pick(exclude: int | None) -> _Task | None:
-        open_tasks = [t for t in tasks if not t.exhausted and t.index != exclude and t.measured < config.trials]
-        return max(open_tasks, key=_Task.score, default=None)
+        open_tasks = [t for t in tasks if not t.exhausted and t.index != exclude and t.measured < t.cap]
+        if open_tasks or pool is None:
+            return max(open_tasks, key=_Task.score, default=None)
+        # Every task spent its budget: the best one that still improves asks the pool for more.
+        hopeful = [t for t in tasks if not t.exhausted and t.index != exclude
+                   and (t.stale_batches == 0 or not improving_only)]
+        best = max(hopeful, key=_Task.score, default=None)
+        if best is not None:
+            granted = pool.take(config.trials_per_iter)
+            best.cap += granted
+            best.extra += granted
+            return best if granted else None
+        return None
+
+    def release_unused(task: _Task) -> None:
+        if pool is not None and task.cap > task.measured:
+            pool.release(task.cap - task.measured)
+            task.cap = task.measured
 
     def launch(task: _Task, remaining: int):
         """Search + build one batch of `task`; hand it to the runner (which measures in the background)."""
@@ -164,6 +206,7 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         candidates = task.ctx.generate_measure_candidates()
         if not candidates:
             task.exhausted = True
+            release_unused(task)
             phases.search_s += time.perf_counter() - t
             return None
         keys = [trace_key(c.sch.trace) for c in candidates]
@@ -201,9 +244,11 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
                 phases.run_s += timing.run_s
             if built.artifact_path and os.path.exists(str(built.artifact_path)):
                 os.remove(str(built.artifact_path))
+            if is_not_measured(result):
+                continue  # never ran (the runner gave up on the share's servers): not a trial, not recorded
             secs = [float(s) for s in result.run_secs] if result.run_secs is not None else [FAILED_RUN_SECS]
-            # Durable as it completes: the JSON database appends one line per trial.
-            database.commit_tuning_record(ms.database.TuningRecord(
+            # Durable as it completes: appended and fsynced, one line per trial.
+            commit_durably(database, ms.database.TuningRecord(
                 candidates[j].sch.trace, task.workload, secs, target, candidates[j].args_info))
             task.seen[keys[j]] = secs
             task.measured += 1
@@ -215,6 +260,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
                 ok_results.append(result)
                 if task.best_us is None or us < task.best_us:
                     task.best_us = us
+        if getattr(runner, "fatal", None) is not None:
+            raise runner.fatal  # every server of the share gone: stop, with what was measured recorded
         if ok_candidates:
             cost_model.update(task.ctx, ok_candidates, ok_results)
         # The search strategy hears about every candidate it proposed, the cached ones included.
@@ -228,6 +275,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         if not fresh and cached:
             task.stale_batches += 1  # the search keeps proposing known candidates: it has converged
         phases.update_s += time.perf_counter() - t
+        if pool is not None:
+            pool.report(len(fresh), task.name, task.best_us)
         if progress is not None:
             progress.advance(len(fresh), status=f"{task.name[:28]} best {task.best_us:.1f} us"
                              if task.best_us else task.name[:28])
@@ -241,9 +290,12 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         if stop_requested():
             exhausted = True  # Ctrl-C: launch nothing more, still collect the batch in flight
         remaining = budget - done - (len(in_flight[3]) if in_flight else 0)
+        if task_budgets is not None:
+            remaining = 1  # per-task budgets: the task's own cap limits the batch (below)
         task = pick(in_flight[0].index if in_flight else None) if remaining > 0 and not exhausted else None
         if task is not None and (overlap or in_flight is None):
-            batch = launch(task, remaining)
+            batch = launch(task, min(remaining, task.cap - task.measured) if task_budgets is None
+                           else task.cap - task.measured)
             if batch is not None and not batch[3] and batch[4]:
                 # All candidates were known: no trial spent, but the search must hear back.
                 join(batch)
@@ -263,14 +315,18 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         in_flight = None
     for task in tasks:
         task.ctx.post_tuning()
+        if not stop_requested():
+            release_unused(task)  # e.g. the search kept proposing known candidates
 
     wall = time.perf_counter() - started
     measured = sum(t.measured for t in tasks)
     task_rows = [{"name": t.name, "workload_hash": workload_key(t.ctx.mod), "weight": int(t.weight),
-                  "trials": t.measured, "failed": t.failed,
+                  "trials": t.measured, "failed": t.failed, **({"resumed": t.resumed} if t.resumed else {}),
                   "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                   "tuned_us": round(t.best_us, 3) if t.best_us else None,
-                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None}
+                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
+                  **({"budget": t.budget, "extra": t.extra, "exhausted": t.exhausted, **(tag or {})}
+                     if task_budgets is not None else {})}
                  for t in tasks]
     return LoopOutcome(measured, sum(t.failed for t in tasks), sum(t.cached for t in tasks), wall, task_rows,
                        phases.as_dict(wall, measured), getattr(runner, "session_failures", 0))

@@ -6,16 +6,33 @@ thread with one long-lived session: a candidate costs an upload, a dlopen and th
 Sessions go through TVM's tracker and RPC protocol, so stock servers work too (each of their
 sessions is then one process, still reused across candidates).
 
-A failure that breaks the session (the server died, a kernel crashed the context) fails only
-that candidate; the thread drops the session and requests a new one for the next candidate
-(the fleet supervisor restarts a dead server meanwhile).
+Faults, and what becomes of the candidate that met them:
+- the candidate fails on a healthy server (the session still answers): recorded failed;
+- the server dies under it (crash, SIGKILL; the session no longer answers): the candidate goes
+  back to the front of the queue and is measured once more, on the restarted or another server
+  (the fleet supervisor restarts the dead one). Dying a second time with it, it is recorded
+  failed: a candidate that crashes its server twice is the candidate's fault;
+- it runs past `candidate_timeout_s`: recorded failed, and its server is stopped (`on_hang`) and
+  replaced, since an RPC call cannot be interrupted from the client;
+- no server can be reached for `servers_gone_timeout_s` while no session is held: the runner
+  gives up (`fatal`, a ServersGone error naming the share and the timeout). Candidates not yet
+  measured are answered `NOT_MEASURED` (never recorded: they were not tried), and the tuning
+  loop stops after recording what was measured.
+A thread holds a session before it takes a candidate from the queue, so a candidate never waits
+on a thread that has no server while another thread has one (with `release_idle_sessions`, for
+fleets shared by several clients, a thread takes a candidate first and returns the server to the
+tracker when no candidate is waiting). Servers registered with the tracker but held by another
+client are busy, not gone.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import json
 import logging
 import os
-import queue
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +40,20 @@ from dataclasses import dataclass, field
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
+from ..errors import TunekitError
+
 log = logging.getLogger("tunekit.runner")
+
+NOT_MEASURED = "tunekit SessionRunner: not measured"
+
+
+class ServersGone(TunekitError):
+    """No runner server of the share could be reached for longer than servers_gone_timeout_s."""
+
+
+def is_not_measured(result) -> bool:
+    """A result for a candidate that never ran (the runner gave up or stopped): not a trial."""
+    return bool(result.error_msg) and str(result.error_msg).startswith(NOT_MEASURED)
 
 
 @dataclass
@@ -44,25 +74,39 @@ class RunnerConfig:
     repeat: int = 1
     min_repeat_ms: int = 20
     candidate_timeout_s: float = 60.0  # one candidate; a hang fails it and its server is stopped (see on_hang)
-    connect_timeout_s: float = 120.0   # waiting for a free server (e.g. while one restarts)
+    connect_timeout_s: float = 120.0   # unused (kept for callers); see servers_gone_timeout_s
     enable_cpu_cache_flush: bool = False
+    # No session held and no server reachable for this long: the run stops (ServersGone).
+    servers_gone_timeout_s: float = 120.0
+    label: str = ""                    # the share, for messages (default: the tracker key)
+    # Several tuning clients share the fleet: hold a session only while there is a candidate to
+    # measure, and give the server back to the tracker when the queue runs dry.
+    release_idle_sessions: bool = False
+    # Shared secret the warm servers demand (see servers/warm_server.py); never logged.
+    secret: bytes | None = field(default=None, repr=False)
 
 
 @derived_object
 class _Future(PyRunnerFuture):
-    def __init__(self, future: concurrent.futures.Future, timeout_s: float):
+    def __init__(self, job: "_Job", runner: "SessionRunner", limit_s: float):
         super().__init__()
-        self.future = future
-        self.timeout_s = timeout_s
+        self.job = job
+        self.runner = runner
+        self.limit_s = limit_s
 
     def done(self) -> bool:
-        return self.future.done()
+        return self.job.future.done()
 
     def result(self) -> RunnerResult:
-        try:
-            return self.future.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            return RunnerResult(None, f"tunekit SessionRunner: no result within {self.timeout_s:.0f} s")
+        # The runner resolves every job (measured, failed, or NOT_MEASURED when it gives up or stops);
+        # the limit is only a safety net, and what it cuts short is not recorded as a failed trial.
+        deadline = time.monotonic() + self.limit_s
+        while True:
+            try:
+                return self.job.future.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() > deadline:
+                    return RunnerResult(None, f"{NOT_MEASURED}: no result within {self.limit_s:.0f} s")
 
 
 @dataclass
@@ -71,6 +115,7 @@ class _Job:
     future: concurrent.futures.Future
     timing: RunTiming = field(default_factory=RunTiming)
     hung: bool = False
+    server_deaths: int = 0  # how many servers died with this candidate on them
 
 
 @derived_object
@@ -84,13 +129,24 @@ class SessionRunner(PyRunner):
         super().__init__()
         self.config = config
         self.on_hang = on_hang
+        self.label = config.label or config.key
         self._busy: dict[int, tuple[float, int, "_Job"]] = {}  # thread -> (started, server port, job)
-        self.hangs = 0
-        self._jobs: "queue.Queue[_Job | None]" = queue.Queue()
+        self._queue: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self.fatal: ServersGone | None = None
+        self._held = 0                        # threads holding a working session
+        self._alive_at = time.monotonic()     # last time a session was known to work
+        self.timings: dict[str, RunTiming] = {}  # artifact path -> timing (read by the tuning loop)
+        # fault counts (report.json "faults")
+        self.hangs = 0                 # candidates past their timeout (recorded failed, server replaced)
+        self.session_failures = 0      # sessions dropped after a failure (any cause)
+        self.server_losses = 0         # sessions whose server died under a candidate
+        self.retried = 0               # candidates measured again after their server died
+        self.retry_survived = 0        # ... and measured fine the second time
+        self.failed_after_retry = 0    # ... and whose second server died too: recorded failed
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"tunekit-session-{i}")
                          for i in range(max(1, config.sessions))]
-        self.timings: dict[str, RunTiming] = {}  # artifact path -> timing (read by the tuning loop)
-        self.session_failures = 0
         for thread in self._threads:
             thread.start()
         threading.Thread(target=self._watchdog, daemon=True, name="tunekit-session-watchdog").start()
@@ -98,21 +154,65 @@ class SessionRunner(PyRunner):
     # ---- PyRunner ----
     def run(self, runner_inputs: list[RunnerInput]) -> list[_Future]:
         futures = []
-        for runner_input in runner_inputs:
-            job = _Job(runner_input, concurrent.futures.Future())
-            self.timings[str(runner_input.artifact_path)] = job.timing
-            self._jobs.put(job)
-            # The caller waits at most: queueing behind the other candidates + its own timeout.
-            futures.append(_Future(job.future, self.config.candidate_timeout_s * (1 + self._jobs.qsize())))
+        with self._cond:
+            for runner_input in runner_inputs:
+                job = _Job(runner_input, concurrent.futures.Future())
+                self.timings[str(runner_input.artifact_path)] = job.timing
+                if self.fatal is not None or self._stopped:
+                    job.future.set_result(RunnerResult(None, f"{NOT_MEASURED}: {self.fatal or 'runner stopped'}"))
+                else:
+                    self._queue.append(job)
+                # Queueing behind the others, one retry each, and waiting out a lost fleet: a safety net only.
+                limit = (2 * self.config.candidate_timeout_s + 10) * (1 + len(self._queue)) \
+                    + self.config.servers_gone_timeout_s + 60
+                futures.append(_Future(job, self, limit))
+            self._cond.notify_all()
         return futures
 
     def shutdown(self) -> None:
-        self._stopped = True
-        for _ in self._threads:
-            self._jobs.put(None)
+        with self._cond:
+            self._stopped = True
+            self._drain(f"{NOT_MEASURED}: runner stopped")
+            self._cond.notify_all()
+
+    def fault_counts(self) -> dict:
+        return {"hung_candidates": self.hangs, "session_failures": self.session_failures,
+                "sessions_lost_to_server_deaths": self.server_losses, "retried_candidates": self.retried,
+                "retried_and_measured": self.retry_survived, "failed_after_retry": self.failed_after_retry}
+
+    # ---- queue ----
+    def _drain(self, message: str) -> None:
+        while self._queue:
+            job = self._queue.popleft()
+            if not job.future.done():
+                job.future.set_result(RunnerResult(None, message))
+
+    def _take(self) -> "_Job | None":
+        with self._cond:
+            while not self._queue and not self._stopped and self.fatal is None:
+                self._cond.wait(1.0)
+            if self._stopped or self.fatal is not None:
+                return None
+            return self._queue.popleft()
+
+    def _requeue_front(self, job: "_Job") -> None:
+        with self._cond:
+            if self._stopped or self.fatal is not None:
+                job.future.set_result(RunnerResult(None, f"{NOT_MEASURED}: {self.fatal or 'runner stopped'}"))
+                return
+            self._queue.appendleft(job)
+            self._cond.notify_all()
+
+    def _give_up(self, error: ServersGone) -> None:
+        with self._cond:
+            if self.fatal is None:
+                self.fatal = error
+                log.info("%s", error)  # raised by the tuning loop; the CLI prints it once
+            self._drain(f"{NOT_MEASURED}: {error}")
+            self._cond.notify_all()
 
     def _watchdog(self) -> None:
-        while not getattr(self, "_stopped", False):
+        while not self._stopped and self.fatal is None:
             time.sleep(0.5)
             now = time.monotonic()
             for index, (started, port, job) in list(self._busy.items()):
@@ -124,62 +224,195 @@ class SessionRunner(PyRunner):
                     if self.on_hang is not None:
                         self.on_hang(port)
 
-    # ---- one thread per server ----
-    def _connect(self):
-        """TrackerSession.request, keeping the server's port (to stop that server if it hangs)."""
-        from tvm import rpc
+    # ---- sessions ----
+    def _request_server(self, timeout_s: float):
+        """One tracker request, waiting at most `timeout_s` for a free server: (host, port, matchkey)."""
         from tvm.rpc import base
 
-        tracker = rpc.connect_tracker(self.config.tracker_host, self.config.tracker_port)
-        last_error = None
+        sock = socket.create_connection((self.config.tracker_host, self.config.tracker_port), timeout=timeout_s)
         try:
-            for _ in range(max(1, int(self.config.connect_timeout_s / 5))):
-                try:
-                    base.sendjson(tracker._sock, [base.TrackerCode.REQUEST, self.config.key, "", 1])
-                    reply = base.recvjson(tracker._sock)
-                    if reply[0] != base.TrackerCode.SUCCESS:
-                        raise RuntimeError(f"tracker refused the request: {reply!s}")
-                    host, port, match_key = reply[1]
-                    # session_timeout=0: the session lives as long as we hold it; timeouts are per candidate.
-                    return rpc.connect(host, port, match_key, 0), int(port)
-                except (OSError, RuntimeError) as exc:
-                    last_error = exc
-                    time.sleep(1)
-                    tracker.close()
-                    tracker = rpc.connect_tracker(self.config.tracker_host, self.config.tracker_port)
+            sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+            if struct.unpack("<i", base.recvall(sock, 4))[0] != base.RPC_TRACKER_MAGIC:
+                raise RuntimeError("not an RPC tracker")
+            data = json.dumps([base.TrackerCode.REQUEST, self.config.key, "", 1]).encode()
+            sock.sendall(struct.pack("<i", len(data)) + data)
+            size = struct.unpack("<i", base.recvall(sock, 4))[0]
+            reply = json.loads(base.recvall(sock, size).decode())
         finally:
-            tracker.close()
-        raise RuntimeError(f"no runner server for key {self.config.key!r}: {last_error}")
+            sock.close()  # a request still pending in the tracker is dropped with the connection
+        if reply[0] != base.TrackerCode.SUCCESS:
+            raise RuntimeError(f"tracker refused the request: {reply!s}")
+        host, port, matchkey = reply[1]
+        return host, int(port), matchkey
+
+    def _open_session(self):
+        """A session with one server of the share: (session, port, random_fill), or None when the runner
+        stops. Raises ServersGone when no session is held anywhere and none could be opened for
+        servers_gone_timeout_s."""
+        from tvm import rpc
+
+        from ..servers.warm_server import client_key, redact
+
+        last_error = "no runner server registered with the tracker"
+        trying_since = time.monotonic()
+        while True:
+            if self._stopped or self.fatal is not None:
+                return None
+            try:
+                host, port, matchkey = self._request_server(timeout_s=3.0)
+                # session_timeout=0: the session lives as long as we hold it; timeouts are per candidate.
+                session = rpc.connect(host, port, client_key(matchkey, self.config.secret), 0)
+                random_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
+                with self._cond:
+                    self._held += 1
+                    self._alive_at = time.monotonic()
+                return session, port, random_fill
+            except socket.timeout:
+                last_error = "no free runner server registered with the tracker"
+                if self._registered_servers() > 0:
+                    # registered but held by another client (a shared fleet): busy, not gone
+                    with self._cond:
+                        self._alive_at = time.monotonic()
+            except Exception as exc:  # tracker down, server gone between request and connect, key refused
+                text = redact(" ".join(str(exc).strip().splitlines()[-2:]))[:300]
+                if "cannot find server that matches key" in text:
+                    text = ("a runner server refused the session (a wrong or missing RPC secret, or a stale "
+                            "match key)")
+                last_error = text
+                time.sleep(0.5)
+            with self._cond:
+                # Only time spent trying counts (an idle client that released its session is not lost).
+                lost_for = time.monotonic() - max(self._alive_at, trying_since)
+                gone = self._held == 0 and lost_for > self.config.servers_gone_timeout_s
+            if gone:
+                raise ServersGone(
+                    f"no runner server of share {self.label} could be reached for {lost_for:.0f} s "
+                    f"(servers_gone_timeout_s = {self.config.servers_gone_timeout_s:g} s; last error: {last_error}); "
+                    "the run stopped, every trial measured so far is kept in the records (continue with --resume)")
+
+    def _registered_servers(self) -> int:
+        """Servers of our key connected to the tracker (held by a client or not); 0 if it cannot be asked."""
+        from tvm.rpc import base
+
+        try:
+            sock = socket.create_connection((self.config.tracker_host, self.config.tracker_port), timeout=3.0)
+            try:
+                sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+                base.recvall(sock, 4)
+                data = json.dumps([base.TrackerCode.SUMMARY]).encode()
+                sock.sendall(struct.pack("<i", len(data)) + data)
+                size = struct.unpack("<i", base.recvall(sock, 4))[0]
+                reply = json.loads(base.recvall(sock, size).decode())
+            finally:
+                sock.close()
+        except Exception:
+            return 0
+        servers = reply[1].get("server_info", []) if isinstance(reply, list) and len(reply) > 1 else []
+        return sum(1 for info in servers if info.get("key") == f"server:{self.config.key}")
+
+    def _release_session(self) -> None:
+        with self._cond:
+            self._held -= 1
+            self._alive_at = time.monotonic()
+
+    def _drop_session(self) -> None:
+        with self._cond:
+            self._held -= 1
+            self._alive_at = time.monotonic()  # the last moment a server was known to be there
+        self.session_failures += 1
+
+    @staticmethod
+    def _session_answers(session) -> bool:
+        try:
+            session.get_function("tvm.rpc.server.workpath")  # one round trip
+            return True
+        except Exception:
+            return False
 
     def _serve(self, index: int) -> None:
-        session = None
-        random_fill = None
-        port = None
+        lazy = self.config.release_idle_sessions
+        held = None  # (session, port, random_fill)
         while True:
-            job = self._jobs.get()
+            if held is None and not lazy:
+                try:
+                    held = self._open_session()
+                except ServersGone as exc:
+                    self._give_up(exc)
+                    return
+                if held is None:
+                    return
+            job = self._take()
             if job is None:
                 return
-            job.timing.server = index
-            try:
-                if session is None:
-                    session, port = self._connect()
-                    random_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
-                self._busy[index] = (time.monotonic(), port, job)
+            if held is None:  # release_idle_sessions: a session only for the candidates at hand
                 try:
-                    costs = self._measure(session, random_fill, job)
-                finally:
-                    self._busy.pop(index, None)
-                job.timing.ok = True
-                job.future.set_result(RunnerResult([float(c) for c in costs], None))
-            except Exception as exc:  # the candidate failed; the session may be gone with it
-                message = " ".join(str(exc).strip().splitlines()[-3:])[:500]
-                if job.hung:
-                    message = (f"ran past {self.config.candidate_timeout_s:.0f} s; its server was stopped "
-                               f"and replaced ({message[:200]})")
-                job.future.set_result(RunnerResult(None, f"tunekit SessionRunner: {message}"))
-                if job.hung or _session_broken(exc):
-                    self.session_failures += 1
-                    session = random_fill = None
+                    held = self._open_session()
+                except ServersGone as exc:
+                    self._requeue_front(job)
+                    self._give_up(exc)
+                    return
+                if held is None:
+                    job.future.set_result(RunnerResult(None, f"{NOT_MEASURED}: runner stopped"))
+                    return
+            if not self._measure_job(index, job, *held):
+                held = None  # the session broke (and was counted): the next round opens a new one
+            elif lazy:
+                with self._cond:
+                    idle = not self._queue
+                if idle:
+                    held = None  # give the server back to the tracker for the other clients
+                    self._release_session()
+
+    def _measure_job(self, index: int, job: "_Job", session, port, random_fill) -> bool:
+        """Measure one candidate (or fail or requeue it). Returns whether the session is still usable."""
+        job.timing.server = index
+        self._busy[index] = (time.monotonic(), port, job)
+        try:
+            costs = self._measure(session, random_fill, job)
+        except Exception as exc:
+            message = " ".join(str(exc).strip().splitlines()[-3:])[:500]
+            answers = not job.hung and self._session_answers(session)
+            self._busy.pop(index, None)
+            if job.hung:
+                self._fail(job, f"ran past {self.config.candidate_timeout_s:.0f} s; its server was stopped "
+                                f"and replaced ({message[:200]})")
+                self._drop_session()
+                return False
+            if answers:
+                # The candidate failed on a healthy server: its own fault, no retry.
+                self._fail(job, message)
+                if _session_broken(exc):
+                    # e.g. a CUDA error: leave the session, so the server checks its device
+                    # (--check-cuda) and exits if the context is broken.
+                    self._drop_session()
+                    return False
+                return True
+            # The server died with the candidate on it (or the connection broke).
+            self._drop_session()
+            self.server_losses += 1
+            job.server_deaths += 1
+            if job.server_deaths == 1:
+                self.retried += 1
+                log.warning("the runner server at port %s died while measuring a candidate; "
+                            "measuring it once more (%s)", port, message[:200])
+                self._requeue_front(job)
+            else:
+                self.failed_after_retry += 1
+                self._fail(job, f"its server died twice while measuring it (the candidate's fault): {message}")
+            return False
+        self._busy.pop(index, None)
+        with self._cond:
+            self._alive_at = time.monotonic()
+        if job.server_deaths:
+            self.retry_survived += 1
+        job.timing.ok = True
+        job.future.set_result(RunnerResult([float(c) for c in costs], None))
+        return True
+
+    @staticmethod
+    def _fail(job: "_Job", message: str) -> None:
+        if not job.future.done():
+            job.future.set_result(RunnerResult(None, f"tunekit SessionRunner: {message}"))
 
     def _measure(self, session, random_fill, job: _Job) -> list[float]:
         import tvm
@@ -213,5 +446,5 @@ class SessionRunner(PyRunner):
 
 def _session_broken(exc: Exception) -> bool:
     text = f"{type(exc).__name__} {exc}".lower()
-    return any(word in text for word in ("connection", "socket", "broken pipe", "rpc", "closed", "eof",
+    return any(word in text for word in ("connection", "socket", "broken pipe", "closed", "eof",
                                          "cuda", "illegal", "timeout"))

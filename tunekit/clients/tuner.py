@@ -31,6 +31,7 @@ class TuningOutcome:
     trials_cached: int = 0
     phases: dict = field(default_factory=dict)
     session_failures: int = 0
+    faults: dict = field(default_factory=dict)  # the runner's fault counts (session_runner.fault_counts)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Measurement:
     host: str = "127.0.0.1"
     share_env: dict = field(default_factory=dict)  # what pins a process to the share (MPS vars on GPU)
     on_hang: object = None  # callable(port): stop the server a hung candidate holds (the fleet's)
+    secret: bytes | None = field(default=None, repr=False)  # the warm servers' shared secret (never logged)
 
 
 def builder_cores(measurement: Measurement, *, overlap: bool) -> list[int]:
@@ -111,7 +113,10 @@ def _tune_tunekit(extracted_tasks, target, database, work_dir, measurement, conf
     runner = SessionRunner(RunnerConfig(tracker_host=measurement.host, tracker_port=measurement.tracker_port,
                                         key=measurement.key, sessions=measurement.servers,
                                         candidate_timeout_s=config.session_timeout_s,
-                                        min_repeat_ms=config.min_repeat_ms), on_hang=measurement.on_hang)
+                                        min_repeat_ms=config.min_repeat_ms,
+                                        servers_gone_timeout_s=config.servers_gone_timeout_s,
+                                        label=measurement.key.removeprefix("tunekit-"),
+                                        secret=measurement.secret), on_hang=measurement.on_hang)
     log.info("engine tunekit: %d build workers on cores %s, %d sessions, overlap %s",
              builder.workers, cores, measurement.servers, overlap)
     try:
@@ -128,7 +133,7 @@ def _tune_tunekit(extracted_tasks, target, database, work_dir, measurement, conf
                          engine="tunekit", trials_cached=outcome.trials_cached,
                          phases={**outcome.phases, "overlap": overlap, "build_workers": builder.workers,
                                  "hung_candidates": runner.hangs},
-                         session_failures=outcome.session_failures)
+                         session_failures=outcome.session_failures, faults=runner.fault_counts())
 
 
 def _stock_runner_kind(measurement: Measurement, config: TuneConfig) -> str:

@@ -66,15 +66,72 @@ def repair_truncated_tail(path: str) -> int:
     return len(data) - keep
 
 
+_REPAIRED: dict[str, int] = {}  # database dir -> bytes moved aside when it was last opened
+
+
 def open_database(path: str, *, create: bool = True):
     from tvm.s_tir import meta_schedule as ms
 
     if not create and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     os.makedirs(path, exist_ok=True)
-    for name in (WORKLOADS, RECORDS):
-        repair_truncated_tail(os.path.join(path, name))
-    return ms.database.JSONDatabase(work_dir=path, module_equality="structural")
+    _REPAIRED[os.path.abspath(path)] = sum(repair_truncated_tail(os.path.join(path, name))
+                                           for name in (WORKLOADS, RECORDS))
+    database = ms.database.JSONDatabase(work_dir=path, module_equality="structural")
+    _fsync_dir(path)  # the files JSONDatabase may just have created survive a power cut too
+    return database
+
+
+def repaired_bytes(path: str) -> int:
+    """Bytes of cut-off lines moved aside when `open_database(path)` last ran (report: faults)."""
+    return _REPAIRED.get(os.path.abspath(path), 0)
+
+
+# ---- durable appends ----
+# TVM's JSONDatabase appends one line per commit (open, write, close) but never fsyncs: a crash of
+# the machine can lose trials that were already reported measured. tunekit's tuning loop commits
+# through these two functions, which fsync the file after TVM's append. The JSON database stays a
+# plain JSONDatabase (MetaScheduleApplyDatabase, get_top_k and useful_records see no difference).
+# Cost: one fsync per measured trial (benchmarks/faults.py measures it; ~ms on a local disk,
+# against ~1 s per trial for search + build + measure).
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # Linux: flushes the inode's data whatever the fd's access mode
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the file fsyncs still hold
+    finally:
+        os.close(fd)
+
+
+def commit_durably(database, record) -> None:
+    """`database.commit_tuning_record(record)`, then the records file is fsynced (a JSONDatabase;
+    other databases are only committed)."""
+    database.commit_tuning_record(record)
+    path = getattr(database, "path_tuning_record", None)
+    if path:
+        _fsync_file(str(path))
+
+
+def commit_workload_durably(database, mod):
+    """`database.commit_workload(mod)`, then the workload file is fsynced. Returns the workload."""
+    workload = database.commit_workload(mod)
+    path = getattr(database, "path_workload", None)
+    if path:
+        _fsync_file(str(path))
+    return workload
 
 
 def count_trials(path: str) -> int:

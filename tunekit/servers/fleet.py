@@ -1,8 +1,21 @@
-"""Tracker + runner servers for one share, started on free ports and always stopped on exit."""
+"""Tracker + runner servers for one share, started on free ports and always stopped on exit.
+
+The supervisor thread replaces a server that exited (a candidate crashed it, it was stopped for a
+hung candidate, it was killed) and a tracker that exited (on the same port, so that servers and
+clients find it again). A server that keeps dying right after its start is restarted with a
+growing back-off (0.5 s .. 5 s); the runner decides when "no server for too long" ends the run
+(RunnerConfig.servers_gone_timeout_s).
+
+Security: everything listens on 127.0.0.1 unless FleetConfig.host says otherwise, and a
+non-loopback host needs a shared secret (warm servers check it before any code is loaded;
+stock servers cannot, so they are loopback-only). See README "Security".
+"""
 from __future__ import annotations
 
 import atexit
 import logging
+import os
+import stat
 import subprocess
 import sys
 import threading
@@ -12,10 +25,64 @@ from dataclasses import dataclass, field
 from ..errors import TunekitError
 from ..shares.pinning import PinnedEnv
 from .ports import free_port
+from .warm_server import SECRET_ENV, is_loopback
 
 log = logging.getLogger("tunekit.servers")
 
 SERVER_MODES = ("warm", "stock")
+MIN_SECRET_CHARS = 16
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def load_rpc_secret(secret_file: str | None = None) -> bytes | None:
+    """The shared RPC secret: the first line of `secret_file`, else env TUNEKIT_RPC_SECRET, else None.
+    The secret is never logged or written anywhere by tunekit."""
+    if secret_file:
+        try:
+            mode = os.stat(secret_file).st_mode
+            with open(secret_file, "rb") as fh:
+                text = fh.read(1 << 16).strip().split(b"\n")[0].strip()
+        except OSError as exc:
+            raise TunekitError(f"cannot read the RPC secret file {secret_file}: {exc.strerror or exc}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TunekitError(f"the RPC secret file {secret_file} is readable by other users: chmod 600 it")
+        source = secret_file
+    else:
+        text = os.environ.get(SECRET_ENV, "").strip().encode()
+        source = SECRET_ENV
+        if not text:
+            return None
+    if len(text) < MIN_SECRET_CHARS:
+        raise TunekitError(f"the RPC secret from {source} is too short: use at least {MIN_SECRET_CHARS} "
+                           "characters (e.g. `openssl rand -hex 32`)")
+    return text
+
+
+def check_listen(host: str, secret: bytes | None, server_mode: str) -> None:
+    """Refuse a network-reachable tracker/servers that anyone could send code to."""
+    if is_loopback(host):
+        return
+    if server_mode != "warm":
+        raise TunekitError(f"--listen-host {host}: stock servers (--server-mode stock) cannot check a secret "
+                           "and run any code they are sent, so they listen on 127.0.0.1 only")
+    if not secret:
+        raise TunekitError(f"--listen-host {host} makes the runner servers reachable from the network, and TVM RPC "
+                           f"runs any code it is sent: give a shared secret with --rpc-secret-file PATH or "
+                           f"{SECRET_ENV} (or keep the default 127.0.0.1)")
+
+
+def listen_secret(*, listen_host: str, secret_file: str | None, server_mode: str, engine: str = "tunekit") -> bytes | None:
+    """The secret a run's fleet and runner use, checked before any work: a non-loopback listen host
+    needs one (and warm servers); on loopback one is used when given. TVM's stock RPCRunner
+    (--engine stock) cannot prove a secret, so it runs on loopback without one."""
+    secret = load_rpc_secret(secret_file)
+    check_listen(listen_host, secret, server_mode)
+    if engine == "stock" and secret is not None:
+        if not is_loopback(listen_host):
+            raise TunekitError(f"--listen-host {listen_host}: --engine stock (TVM's RPCRunner) cannot send the RPC "
+                               "secret; use --engine tunekit, or listen on 127.0.0.1")
+        return None
+    return secret
 
 
 @dataclass
@@ -26,6 +93,13 @@ class FleetConfig:
     # "stock": tvm.exec.rpc_server (a new process per session), kept as the baseline.
     server_mode: str = "warm"
     start_timeout_s: float = 60.0
+    # Shared secret the warm servers demand from every client (required when `host` is not loopback).
+    secret: bytes | None = field(default=None, repr=False)
+
+    @property
+    def connect_host(self) -> str:
+        """Where local processes reach the tracker (a wildcard listen address is no address to dial)."""
+        return "127.0.0.1" if self.host in _WILDCARDS else self.host
 
 
 @dataclass
@@ -34,7 +108,10 @@ class RunnerFleet:
     pinned: PinnedEnv
     config: FleetConfig = field(default_factory=FleetConfig)
     tracker_port: int | None = None
-    restarts: int = 0
+    restarts: int = 0          # replacement servers started
+    deaths: int = 0            # server exits seen by the supervisor (crashes, kills, hung-candidate stops)
+    restart_failures: int = 0  # replacements that could not even be started
+    tracker_restarts: int = 0
     _tracker: subprocess.Popen | None = None
     _servers: list = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -50,16 +127,14 @@ class RunnerFleet:
     def start(self) -> None:
         if self.config.server_mode not in SERVER_MODES:
             raise TunekitError(f"server mode must be one of {SERVER_MODES}, not {self.config.server_mode!r}")
+        check_listen(self.config.host, self.config.secret, self.config.server_mode)
         atexit.register(self.stop)
         self.tracker_port = free_port(self.config.host)
-        self._tracker = subprocess.Popen(
-            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", self.config.host,
-             "--port", str(self.tracker_port), "--port-end", str(self.tracker_port + 1), "--silent"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._tracker = self._start_tracker()
         self._wait_tracker()
         self._servers = [self._start_server() for _ in range(self.config.servers)]
         self._wait_ready()
-        threading.Thread(target=self._supervise, daemon=True).start()
+        threading.Thread(target=self._supervise, daemon=True, name=f"tunekit-supervisor-{self.key}").start()
 
     def stop_server_on_port(self, port: int) -> bool:
         """Kill the server listening on `port` (a candidate hung it); the supervisor starts a new one."""
@@ -69,9 +144,16 @@ class RunnerFleet:
                 return True
         return False
 
+    def _start_tracker(self) -> subprocess.Popen:
+        # Our own launcher around TVM's tracker: it runs in this child process (not in a PopenWorker
+        # grandchild that outlives a SIGKILLed parent) and exits when its parent is gone.
+        return subprocess.Popen([sys.executable, "-m", "tunekit.servers.fleet", "--tracker-host", self.config.host,
+                                 "--tracker-port", str(self.tracker_port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def _start_server(self) -> subprocess.Popen:
         port = free_port(self.config.host)
-        tracker = f"{self.config.host}:{self.tracker_port}"
+        tracker = f"{self.config.connect_host}:{self.tracker_port}"
         if self.config.server_mode == "warm":
             cmd = [sys.executable, "-m", "tunekit.servers.warm_server", "--tracker", tracker,
                    "--key", self.key, "--host", self.config.host, "--port", str(port)]
@@ -82,9 +164,14 @@ class RunnerFleet:
                    "--host", self.config.host, "--port", str(port), "--port-end", str(port + 1)]
             if self.pinned.share.kind == "gpu":
                 cmd.append("--no-fork")  # fork mode fails CUDA init
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._server_log(),
-                                **self.pinned.popen_kwargs())
+        kwargs = self.pinned.popen_kwargs()
+        env = dict(kwargs.pop("env"))
+        env.pop(SECRET_ENV, None)
+        if self.config.secret and self.config.server_mode == "warm":
+            env[SECRET_ENV] = self.config.secret.decode()  # the environment, never argv (ps shows argv)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._server_log(), env=env, **kwargs)
         proc.tunekit_port = port
+        proc.tunekit_started = time.monotonic()
         return proc
 
     def _server_log(self):
@@ -95,6 +182,10 @@ class RunnerFleet:
             self._log_path = tempfile.mkstemp(prefix=f"tunekit-{self.key}-", suffix=".log")[1]
         return open(self._log_path, "ab")
 
+    @property
+    def log_path(self) -> str | None:
+        return getattr(self, "_log_path", None)
+
     def _wait_tracker(self) -> None:
         # Servers that find no tracker back off for 5 s: start them only once it listens.
         import socket
@@ -104,7 +195,7 @@ class RunnerFleet:
             if self._tracker.poll() is not None:
                 raise TunekitError("the RPC tracker exited at start-up")
             try:
-                socket.create_connection((self.config.host, self.tracker_port), timeout=1).close()
+                socket.create_connection((self.config.connect_host, self.tracker_port), timeout=1).close()
                 return
             except OSError:
                 time.sleep(0.1)
@@ -120,42 +211,82 @@ class RunnerFleet:
             time.sleep(0.3)
         raise TunekitError(f"runner servers did not register with the tracker within {self.config.start_timeout_s:.0f} s")
 
-    def free_servers(self) -> int:
+    def _summary(self) -> dict:
         from tvm import rpc
 
         try:
-            summary = rpc.connect_tracker(self.config.host, self.tracker_port).summary()
+            return rpc.connect_tracker(self.config.connect_host, self.tracker_port).summary()
         except Exception:
-            return 0
+            return {}
+
+    def free_servers(self) -> int:
+        """Servers registered with the tracker (held by a client or not)."""
+        summary = self._summary()
         return sum(1 for info in summary.get("server_info", []) if info.get("key") == f"server:{self.key}")
 
     def idle_servers(self) -> int:
         """Servers waiting in the tracker's queue for a session (registered and not held by a client)."""
-        from tvm import rpc
-
-        try:
-            summary = rpc.connect_tracker(self.config.host, self.tracker_port).summary()
-        except Exception:
-            return 0
+        summary = self._summary()
         return int(summary.get("queue_info", {}).get(self.key, {}).get("free", 0))
 
     def _supervise(self) -> None:
         # A candidate that crashes a warm server takes the process with it: replace the server, keep the run.
+        backoff: dict[int, float] = {}   # slot -> seconds to wait before the next start
+        due: dict[int, float] = {}       # slot -> monotonic time of the next start
         while not self._stop.wait(0.5):
-            for i, proc in enumerate(self._servers):
-                if proc.poll() is not None and not self._stop.is_set():
-                    log.warning("runner server %d exited (code %s); restarting", i, proc.returncode)
-                    self.restarts += 1
-                    self._servers[i] = self._start_server()
+            try:
+                if self._tracker is not None and self._tracker.poll() is not None and not self._stop.is_set():
+                    log.warning("the RPC tracker exited (code %s); restarting it on port %d",
+                                self._tracker.returncode, self.tracker_port)
+                    self.tracker_restarts += 1
+                    self._tracker = self._start_tracker()
+                for i, proc in enumerate(list(self._servers)):
+                    if self._stop.is_set():
+                        return
+                    if proc is not None and proc.poll() is None:
+                        if time.monotonic() - proc.tunekit_started > 10:
+                            backoff.pop(i, None)  # it stayed up: the next death restarts at once
+                        continue
+                    now = time.monotonic()
+                    if proc is not None:  # just seen dead
+                        self.deaths += 1
+                        self._servers[i] = None
+                        wait = backoff.get(i, 0.0)
+                        due[i] = now + wait
+                        backoff[i] = min(5.0, max(0.5, wait * 2))
+                        if wait == 0:
+                            log.warning("runner server %d exited (code %s); restarting", i, proc.returncode)
+                        elif wait == 0.5:
+                            log.warning("runner server %d keeps exiting right after its start (code %s); "
+                                        "restarting with a back-off of up to 5 s", i, proc.returncode)
+                        else:
+                            log.info("runner server %d exited (code %s); restarting in %.1f s", i,
+                                     proc.returncode, wait)
+                    if now < due.get(i, 0.0):
+                        continue
+                    try:
+                        self._servers[i] = self._start_server()
+                        self.restarts += 1
+                    except Exception as exc:  # e.g. out of processes or memory: try again later
+                        self.restart_failures += 1
+                        due[i] = now + backoff.get(i, 0.5)
+                        log.warning("runner server %d could not be started: %s", i, exc)
+            except Exception:  # the supervisor must outlive anything one round throws
+                log.exception("runner fleet supervisor")
+
+    def fault_counts(self) -> dict:
+        return {"server_deaths": self.deaths, "server_restarts": self.restarts,
+                "server_restart_failures": self.restart_failures, "tracker_restarts": self.tracker_restarts}
 
     def stop(self) -> None:
         import psutil
 
         self._stop.set()
-        # `tvm.exec.rpc_tracker` runs the tracker in a child process of its own: stop whole trees.
+        # Stop whole trees (a stock server forks a process per session).
+        procs = [p for p in [*self._servers, self._tracker] if p is not None]
         descendants = []
-        for proc in [*self._servers, self._tracker]:
-            if proc is not None and proc.poll() is None:
+        for proc in procs:
+            if proc.poll() is None:
                 try:
                     descendants += psutil.Process(proc.pid).children(recursive=True)
                 except psutil.Error:
@@ -167,15 +298,49 @@ class RunnerFleet:
             except psutil.Error:
                 pass
         psutil.wait_procs(descendants, timeout=5)
-        for proc in [*self._servers, self._tracker]:
-            if proc is not None:
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         self._servers = []
         self._tracker = None
 
     @property
     def server_pids(self) -> list[int]:
-        return [p.pid for p in self._servers]
+        return [p.pid for p in self._servers if p is not None]
+
+
+def _tracker_main(argv=None) -> None:
+    """`python -m tunekit.servers.fleet --tracker-host H --tracker-port P`: TVM's RPC tracker in this process."""
+    import argparse
+    import socket
+
+    from tvm.rpc import tracker
+
+    from .warm_server import exit_with_parent
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tracker-host", required=True)
+    parser.add_argument("--tracker-port", type=int, required=True)
+    args = parser.parse_args(argv)
+    exit_with_parent()
+    tracker.logger.setLevel(logging.ERROR)
+    sock = socket.socket(socket.AF_INET6 if ":" in args.tracker_host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for _ in range(50):  # a restarted tracker: the old socket may linger for a moment
+        try:
+            sock.bind((args.tracker_host, args.tracker_port))
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit(f"tracker: cannot bind {args.tracker_host}:{args.tracker_port}")
+    sock.listen(16)
+    import secrets
+
+    tracker._tracker_server(sock, secrets.token_hex(16))  # the STOP key: random, never used
+
+
+if __name__ == "__main__":
+    _tracker_main()

@@ -1,0 +1,108 @@
+"""Tuning clients and runner servers: the same model, trial budget and seed with 1, 2, 4 clients and
+1..N servers, in one run. Prints wall time, trials/s and final latency per setup, with ratios to
+the first setup (1 client, 1 server), and writes the table with the machine and command.
+
+Every setup is its own `tunekit tune` process through the Ray coordinator (so each pays Ray's and
+its clients' start-up), plus, for reference, the single-process engine without Ray.
+
+  python benchmarks/coordinator_scaling.py --model tiny_cnn --cpu-pct 50 --trials 32
+  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --trials 48 --setups 1x1,1x2,2x2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tuning_time import machine, model_path  # noqa: E402
+
+
+def run_setup(label: str, clients: int | None, servers: int, model: str, share_flag: list[str], args,
+              workdir: str) -> dict:
+    out = os.path.join(workdir, label)
+    cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials),
+           "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed), "--servers", str(servers),
+           "--out", out, "--json"]
+    if clients is not None:
+        cmd += ["--clients", str(clients)]
+    print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    started = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"label": label, "error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "failed"}
+    report = json.loads(proc.stdout)["report"]
+    return {"label": label, "clients": clients or 1, "servers": servers, "ray": clients is not None,
+            "tuning_wall_s": report["tuning_wall_s"], "process_wall_s": round(time.time() - started, 1),
+            "trials": report["trials"]["measured"], "failed": report["trials"]["failed"],
+            "trials_per_s": round(report["trials"]["measured"] / report["tuning_wall_s"], 3),
+            "untuned_ms": report["latency_ms"]["untuned"]["median_ms"],
+            "tuned_ms": report["latency_ms"]["tuned"]["median_ms"],
+            "tuned_std_ms": report["latency_ms"]["tuned"].get("std_ms"),
+            "server_restarts": report.get("server_restarts", 0)}
+
+
+def table(rows: list[dict]) -> str:
+    base = next((r for r in rows if "error" not in r and r.get("ray")), None)
+    lines = ["| setup | clients | servers | tuning wall (s) | whole command (s) | trials | trials/s | "
+             "trials/s vs first | tuned latency (ms) | latency vs first |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['label']} | | | failed: {r['error']} | | | | | | |")
+            continue
+        speed = f"{r['trials_per_s'] / base['trials_per_s']:.2f}x" if base else ""
+        lat = f"{r['tuned_ms'] / base['tuned_ms']:.3f}" if base else ""
+        lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r['tuning_wall_s']:.1f} | "
+                     f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
+                     f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny_cnn")
+    parser.add_argument("--cpu-pct", type=int)
+    parser.add_argument("--gpu-pct", type=int)
+    parser.add_argument("--trials", type=int, default=32)
+    parser.add_argument("--trials-per-iter", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--setups", default="1x1,2x1,4x1,2x2",
+                        help="CLIENTSxSERVERS list through Ray (the first is the reference)")
+    parser.add_argument("--no-single-process", action="store_true", help="skip the no-Ray reference run")
+    parser.add_argument("--results", help="write the table here (Markdown; a .json beside it)")
+    args = parser.parse_args()
+    share_flag = ["--gpu-pct", str(args.gpu_pct)] if args.gpu_pct else ["--cpu-pct", str(args.cpu_pct or 50)]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tunekit-scaling-") as workdir:
+        model = model_path(args.model, workdir)
+        setups = [tuple(int(x) for x in s.split("x")) for s in args.setups.split(",")]
+        for clients, servers in setups:
+            rows.append(run_setup(f"{clients} client(s) x {servers} server(s)", clients, servers, model,
+                                  share_flag, args, workdir))
+            _save(args, rows)
+        if not args.no_single_process:
+            rows.append(run_setup("1 process, no Ray", None, 1, model, share_flag, args, workdir))
+            _save(args, rows)
+    text = (f"# Coordinator scaling: {args.model} at {share_flag[0][2:]} {share_flag[1]}%, {args.trials} trials, "
+            f"seed {args.seed}\n\nMachine: {machine()}\n\nCommand: `python benchmarks/coordinator_scaling.py "
+            f"{' '.join(sys.argv[1:])}`\n\n{table(rows)}\n")
+    print(text)
+    if args.results:
+        with open(args.results, "w") as fh:
+            fh.write(text)
+
+
+def _save(args, rows) -> None:
+    if args.results:  # after every setup: a run cut off by a time limit keeps what it measured
+        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+        with open(os.path.splitext(args.results)[0] + ".json", "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Fault injection on a small CPU tuning run: how many faults were survived, how many trials lost.
+
+Kinds (everything that needs no Ray; real processes, real kills):
+- server-sigkill:   SIGKILL the runner server N times during one `tunekit tune` run;
+- hung-candidate:   N candidates that never return, between good ones (SessionRunner + fleet);
+- crash-candidate:  N candidates that abort() their server, between good ones;
+- tune-sigkill:     SIGKILL the whole `tunekit tune` process N times, `--resume` after each;
+- servers-gone:     every server of the share killed as soon as it starts, N times: the run must
+                    stop with a clear error, keep its records, and `--resume` must then finish.
+A fault is survived when the run (or the resumed run) completes with the fault accounted for;
+trials lost = trials in the records at the moment of the fault that are missing afterwards,
+plus good candidates that failed because of a neighbour's fault. Also measures what the
+fsync after each committed trial costs.
+
+    .venv/bin/python benchmarks/faults.py --n 2 --trials 16 --out /tmp/tunekit-faults
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+PY = sys.executable
+
+
+def _records(db_dir):
+    path = os.path.join(db_dir, "database_tuning_record.json")
+    rows = []
+    if os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    rows.append(json.dumps(json.loads(line), sort_keys=True))
+                except ValueError:
+                    pass  # a line being written, or cut by a kill: not a finished trial
+    return rows
+
+
+def _lost(before: list[str], after: list[str]) -> int:
+    present = set(after)
+    return sum(1 for row in before if row not in present)
+
+
+def _duplicates(rows: list[str]) -> int:
+    keys = [(json.loads(r)[0], json.dumps(json.loads(r)[1][0], sort_keys=True)) for r in rows]
+    return len(keys) - len(set(keys))
+
+
+def _tune(model, out, trials, *extra):
+    return subprocess.Popen([PY, "-m", "tunekit.cli", "tune", model, "--cpu-pct", "50", "--trials", str(trials),
+                             "--trials-per-iter", "4", "--out", out, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_records(proc, db, n, timeout=900):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if len(_records(db)) >= n:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _warm_servers(pid):
+    found = []
+    try:
+        for kid in psutil.Process(pid).children(recursive=True):
+            try:
+                if "tunekit.servers.warm_server" in " ".join(kid.cmdline()):
+                    found.append(kid)
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return found
+
+
+# ---- kinds ----
+def server_sigkill(model, root, n, trials):
+    out = os.path.join(root, "server-sigkill")
+    db = os.path.join(out, "records-cpu50")
+    proc = _tune(model, out, trials, "--json")
+    snapshots = []
+    for k in range(1, n + 1):
+        if not _wait_records(proc, db, k * trials // (n + 1)):
+            break
+        servers = _warm_servers(proc.pid)
+        if not servers:
+            break
+        servers[0].kill()
+        snapshots.append(_records(db))
+        # next kill only once the replacement took over (a kill of a server that is still starting
+        # would test the servers-gone path instead)
+        target = len(snapshots[-1]) + 1
+        _wait_records(proc, db, target)
+    stdout, stderr = proc.communicate(timeout=1800)
+    after = _records(db)
+    faults = json.loads(stdout)["report"]["faults"] if proc.returncode == 0 else {}
+    faults = {k: v for k, v in faults.items() if v}
+    survived = min(len(snapshots), faults.get("server_restarts", 0)) if proc.returncode == 0 else 0
+    return {"kind": "runner server SIGKILL (mid-run)", "injected": len(snapshots), "survived": survived,
+            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(after),
+            "note": f"rc {proc.returncode}; faults {faults}" if proc.returncode == 0 else stderr.strip()[-300:]}
+
+
+def _runner_kind(root, n, bad_kind):
+    import tvm
+    from tvm import te
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+    from tvm.script import tirx as T
+
+    from tunekit.clients.build_pool import BuildPool
+    from tunekit.clients.session_runner import RunnerConfig, SessionRunner
+    from tunekit.servers.fleet import FleetConfig, RunnerFleet
+    from tunekit.shares.pinning import pinned_env
+    from tunekit.shares.share import Share
+
+    @T.prim_func
+    def hang(a: T.Buffer((1,), "float32")):
+        while T.float32(1) > T.float32(0):
+            a[0] = a[0] + T.float32(1)
+
+    @T.prim_func
+    def crash(a: T.Buffer((1,), "float32")):
+        T.evaluate(T.call_extern("int32", "abort"))
+        a[0] = T.float32(1)
+
+    a = te.placeholder((1024,), name="A")
+    good = tvm.IRModule({"main": te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])})
+    bad = tvm.IRModule({"main": hang if bad_kind == "hung" else crash})
+    target = tvm.target.Target({"kind": "llvm"})
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=os.path.join(root, f"artifacts-{bad_kind}"))
+    mods = [m for _ in range(n) for m in (bad, good)]
+    built = pool.build([BuilderInput(m, target) for m in mods])
+    inputs = [RunnerInput(b.artifact_path, "cpu", ArgInfo.from_prim_func(m["main"])) for b, m in zip(built, mods)]
+    with RunnerFleet(key=f"bench-{bad_kind}", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
+        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
+                                            candidate_timeout_s=5), on_hang=fleet.stop_server_on_port)
+        try:
+            results = [f.result() for f in runner.run(inputs)]
+        finally:
+            runner.shutdown()
+            pool.shutdown()
+        counts = {k: v for k, v in {**runner.fault_counts(), **fleet.fault_counts()}.items() if v}
+    bad_results, good_results = results[0::2], results[1::2]
+    expect = "server was stopped" if bad_kind == "hung" else "died twice"
+    survived = sum(1 for b, g in zip(bad_results, good_results)
+                   if b.error_msg and expect in b.error_msg and g.error_msg is None)
+    return {"kind": "hung candidate (past its timeout)" if bad_kind == "hung" else "candidate that crashes its server",
+            "injected": n, "survived": survived, "lost": sum(1 for g in good_results if g.error_msg is not None),
+            "duplicates": 0, "note": f"recorded failed, next candidate measured; {counts}"}
+
+
+def tune_sigkill(model, root, n, trials):
+    out = os.path.join(root, "tune-sigkill")
+    db = os.path.join(out, "records-cpu50")
+    snapshots, survived, notes = [], 0, []
+    for k in range(n):
+        proc = _tune(model, out, trials, *(["--resume"] if k else []))
+        start = len(_records(db))
+        if not _wait_records(proc, db, start + max(2, trials // 2)):
+            notes.append(f"run {k} ended before the kill: {proc.communicate()[1].strip()[-200:]}")
+            continue
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        snapshots.append(_records(db))
+        _, alive = psutil.wait_procs(tree, timeout=15)
+        if alive:
+            notes.append(f"{len(alive)} processes outlived the killed run")
+            for p in alive:
+                p.kill()
+    final = _tune(model, out, trials, "--resume", "--json")
+    stdout, stderr = final.communicate(timeout=1800)
+    after = _records(db)
+    if final.returncode == 0:
+        report = json.loads(stdout)["report"]
+        survived = len(snapshots)
+        notes.append(f"final resume measured {report['trials']['measured']}; compile ok: "
+                     f"{os.path.getsize(report['artifact']) > 0}; records {len(after)}")
+    else:
+        notes.append(stderr.strip()[-300:])
+    return {"kind": "`tunekit tune` SIGKILL + --resume", "injected": len(snapshots), "survived": survived,
+            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(after), "note": "; ".join(notes)}
+
+
+def servers_gone(model, root, n, trials):
+    out = os.path.join(root, "servers-gone")
+    db = os.path.join(out, "records-cpu50")
+    snapshots, survived, notes = [], 0, []
+    for k in range(n):
+        proc = _tune(model, out, 400, "--servers-gone-timeout", "8", *(["--resume"] if k else []))
+        start = len(_records(db))
+        if not _wait_records(proc, db, start + 2):
+            notes.append(f"run {k} ended early: {proc.communicate()[1].strip()[-200:]}")
+            continue
+        started = time.time()
+        while proc.poll() is None and time.time() - started < 600:
+            for server in _warm_servers(proc.pid):
+                try:
+                    server.kill()
+                except psutil.Error:
+                    pass
+            time.sleep(0.05)
+        _, stderr = proc.communicate()
+        snapshots.append(_records(db))
+        errors = [line for line in stderr.splitlines() if line.startswith("tunekit:")]
+        clean = (proc.returncode not in (0, 130) and len(errors) == 1 and "Traceback" not in stderr
+                 and "cpu50" in errors[0] and "servers_gone_timeout_s" in errors[0])
+        survived += clean
+        notes.append(f"stopped after {time.time() - started:.0f} s, rc {proc.returncode}")
+    final = _tune(model, out, trials, "--resume", "--json")
+    _, stderr = final.communicate(timeout=1800)
+    after = _records(db)
+    if final.returncode != 0:
+        survived = 0
+        notes.append(stderr.strip()[-300:])
+    else:
+        notes.append("then --resume completed")
+    return {"kind": "all servers of the share gone (> timeout)", "injected": len(snapshots), "survived": survived,
+            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(after),
+            "note": "survived = clear one-line error, records kept; " + "; ".join(notes)}
+
+
+def fsync_cost(root, count=300):
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from tunekit.records.database import commit_durably
+
+    a = te.placeholder((1024,), name="A")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])})
+    sch = tvm.s_tir.Schedule(mod)
+    block = sch.get_sblock("B") if hasattr(sch, "get_sblock") else sch.get_block("B")
+    (loop,) = sch.get_loops(block)
+    sch.split(loop, [None, 64])
+    target = tvm.target.Target({"kind": "llvm"})
+    result = {}
+    for label, commit in (("plain", lambda db, r: db.commit_tuning_record(r)), ("fsync", commit_durably)):
+        work = tempfile.mkdtemp(prefix=f"fsync-{label}-", dir=root)
+        db = ms.database.JSONDatabase(work_dir=work)
+        workload = db.commit_workload(mod)
+        records = [ms.database.TuningRecord(sch.trace, workload, [1e-5 * (i + 1)], target,
+                                            ArgInfo.from_prim_func(mod["main"])) for i in range(count)]
+        started = time.perf_counter()
+        for record in records:
+            commit(db, record)
+        result[label] = (time.perf_counter() - started) / count * 1e3
+        result["line_bytes"] = os.path.getsize(db.path_tuning_record) // count
+    result["extra_ms"] = result["fsync"] - result["plain"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=2, help="faults injected of each kind")
+    parser.add_argument("--trials", type=int, default=16, help="trials of each tuning run")
+    parser.add_argument("--out", default=None, help="work dir (default: a temp dir, removed at the end)")
+    parser.add_argument("--kinds", default="server-sigkill,hung-candidate,crash-candidate,tune-sigkill,servers-gone")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    root = args.out or tempfile.mkdtemp(prefix="tunekit-faults-")
+    if os.path.exists(root) and args.out:
+        shutil.rmtree(root)
+    os.makedirs(root, exist_ok=True)
+    model = os.path.join(root, "tiny_cnn.onnx")
+    from tunekit.models.examples import save_example
+
+    save_example("tiny_cnn", model)
+    started = time.time()
+    kinds = args.kinds.split(",")
+    rows = []
+    for kind in kinds:
+        t = time.time()
+        if kind == "server-sigkill":
+            row = server_sigkill(model, root, args.n, args.trials)
+        elif kind == "hung-candidate":
+            row = _runner_kind(root, args.n, "hung")
+        elif kind == "crash-candidate":
+            row = _runner_kind(root, args.n, "crash")
+        elif kind == "tune-sigkill":
+            row = tune_sigkill(model, root, args.n, args.trials)
+        elif kind == "servers-gone":
+            row = servers_gone(model, root, args.n, args.trials)
+        else:
+            raise SystemExit(f"unknown kind {kind}")
+        row["wall_s"] = round(time.time() - t, 1)
+        rows.append(row)
+        print(f"[{kind}] {row}", file=sys.stderr, flush=True)
+    fsync = fsync_cost(root)
+    import tvm
+
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+          f"python {platform.python_version()}, TVM {tvm.__version__}; total {time.time() - started:.0f} s")
+    print(f"command: {' '.join([os.path.relpath(PY), *sys.argv])}\n")
+    print("| fault kind | injected | survived | trials lost | duplicates | wall s | notes |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        print(f"| {r['kind']} | {r['injected']} | {r['survived']} | {r['lost']} | {r['duplicates']} | "
+              f"{r['wall_s']} | {r['note']} |")
+    print(f"\nfsync per committed trial: commit {fsync['plain']:.3f} ms -> commit + fsync {fsync['fsync']:.3f} ms "
+          f"(+{fsync['extra_ms']:.3f} ms a trial; {fsync['line_bytes']} B lines, 300 commits)")
+    if not args.out:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The Ray coordinator on CPU shares: real Ray, real tuning clients, real servers, real merges."""
+import json
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from conftest import run_cli
+from tunekit.coordinator import plan as planning
+from tunekit.coordinator.merge import merge_shards
+from tunekit.errors import TunekitError
+from tunekit.records.database import RECORDS, WORKLOADS
+from tunekit.shares.share import Share
+
+
+# ---------------------------------------------------------------- planning (no processes)
+def test_allocate_trials_is_exact_and_favours_heavy_tasks():
+    for total in (1, 3, 7, 16, 64, 1000):
+        parts = planning.allocate_trials([1e9, 1e6, 1e3, 10.0], total)
+        assert sum(parts) == total
+        assert parts[0] >= parts[-1]
+        if total >= 4:
+            assert min(parts) >= 1  # every task gets a trial when there are enough
+    assert planning.allocate_trials([], 10) == []
+
+
+def test_shards_are_balanced_by_cost_not_by_count():
+    plans = [planning.TaskPlan(i, f"t{i}", 1, flops, budget=1) for i, flops in enumerate([100.0, 1, 1, 1, 1, 1])]
+    shards = planning.shard_tasks(plans, 2)
+    heavy = next(s for s in shards if any(p.index == 0 for p in s))
+    assert [p.index for p in heavy] == [0]  # the heavy task alone; the five light ones together
+    assert sorted(p.index for s in shards for p in s) == list(range(6))
+    assert all(p.client in (0, 1) for p in plans)
+
+
+def test_share_groups_fit_the_device_and_refuse_overlap():
+    groups = planning.group_shares([Share("gpu", 25), Share("gpu", 50), Share("gpu", 100)], servers=1,
+                                   oversubscribe=False)
+    assert sorted(sorted(s.pct for s in g) for g in groups) == [[25, 50], [100]]
+    assert all(sum(s.pct for s in g) <= 100 for g in groups)
+    with pytest.raises(TunekitError, match="at most 2 fit"):
+        planning.group_shares([Share("gpu", 40)], servers=3, oversubscribe=False)
+    assert len(planning.group_shares([Share("gpu", 40)], servers=3, oversubscribe=True)) == 1
+    slots, overlapped = planning.cpu_slots([Share("cpu", 25), Share("cpu", 50)], servers=1, available=[0, 1, 2, 3])
+    assert slots == {"cpu25": [[0]], "cpu50": [[1, 2]]} and not overlapped
+
+
+# ---------------------------------------------------------------- merge
+def _shard(path, workloads, records):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, WORKLOADS), "w") as fh:
+        fh.writelines(json.dumps(w) + "\n" for w in workloads)
+    with open(os.path.join(path, RECORDS), "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_merge_reindexes_workloads_and_is_idempotent(tmp_path):
+    rec = lambda name, secs: [[[["Trace", [], [name], []]], []], [secs], {"kind": "llvm"}, []]  # noqa: E731
+    _shard(tmp_path / "a", [["h1", "modA"], ["h2", "modB"]], [[0, rec("x", 1.0)], [1, rec("y", 2.0)]])
+    _shard(tmp_path / "b", [["h2", "modB"]], [[0, rec("z", 3.0)], [0, rec("y", 2.0)]])  # y: same trace again
+    with open(tmp_path / "b" / RECORDS, "a") as fh:
+        fh.write('[0, [[[["Trace"')  # a line cut off by a crash
+    into = str(tmp_path / "merged")
+    counts = merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)
+    assert counts["new_records"] == 3 and counts["new_workloads"] == 2 and counts["skipped_lines"] == 1
+    workloads = [json.loads(line)[0] for line in open(os.path.join(into, WORKLOADS))]
+    records = [json.loads(line) for line in open(os.path.join(into, RECORDS))]
+    assert workloads == ["h1", "h2"]
+    assert sorted((workloads[i], r[0][0][0][2][0]) for i, r in records) == [("h1", "x"), ("h2", "y"), ("h2", "z")]
+    assert merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)["new_records"] == 0
+
+
+# ---------------------------------------------------------------- real runs
+@pytest.fixture(scope="module")
+def four_clients(example_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("coord") / "run"
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "4", "--trials", "16",
+                   "--trials-per-iter", "2", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["report"], str(out)
+
+
+def _records_per_workload(db_dir):
+    workloads = [json.loads(line)[0] for line in open(os.path.join(db_dir, WORKLOADS))]
+    per, traces = {}, set()
+    for line in open(os.path.join(db_dir, RECORDS)):
+        index, record = json.loads(line)
+        per[workloads[index]] = per.get(workloads[index], 0) + 1
+        traces.add((workloads[index], json.dumps(record[0])))
+    return per, traces
+
+
+def test_four_clients_tune_every_task_within_its_budget(four_clients):
+    report, out = four_clients
+    coord = report["coordinator"]
+    assert coord["clients"] == 4 and len(coord["shards"]) == 4
+    # The total budget holds exactly, and each task stays within its own budget plus what it
+    # took from the shared pool (what exhausted tasks gave back).
+    assert report["trials"]["measured"] == 16
+    assert sum(t["trials"] for t in report["tasks"]) == 16
+    for task in report["tasks"]:
+        assert task["trials"] <= task["budget"] + task["extra"], task
+        assert task["trials"] >= 1 or task["exhausted"], task
+    assert sum(t["extra"] for t in report["tasks"]) == coord["pool"]["reassigned"]
+    # Every task was tuned by exactly one client, and the shards cover all tasks.
+    names = [n for shard in coord["shards"] for n in shard["tasks"]]
+    assert sorted(names) == sorted(t["name"] for t in report["tasks"])
+    # The merged database holds every trial once.
+    per, traces = _records_per_workload(report["records_dir"])
+    assert sum(per.values()) == 16 and len(traces) == 16
+
+
+def test_merged_records_compile_like_a_single_process_database(four_clients, example_model, tmp_path):
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunekit.api import _load_model
+    from tunekit.clients.compiler import apply_records
+    from tunekit.frontend.tasks import prepare_for_tuning
+    from tunekit.records.database import open_database
+    from tunekit.targets import target_for
+
+    report, out = four_clients
+    merged = open_database(report["records_dir"], create=False)
+    # The same records committed through TVM's own API, one process, one database.
+    single = open_database(str(tmp_path / "single"))
+    shard_root = os.path.join(out, "work", "shards", "cpu50")
+    for run_id in os.listdir(shard_root):
+        for client in os.listdir(os.path.join(shard_root, run_id)):
+            shard = ms.database.JSONDatabase(work_dir=os.path.join(shard_root, run_id, client),
+                                             module_equality="structural")
+            for record in shard.get_all_tuning_records():
+                single.commit_tuning_record(ms.database.TuningRecord(
+                    record.trace, single.commit_workload(record.workload.mod), record.run_secs, record.target,
+                    record.args_info))
+    assert len(single) == len(merged) == 16
+    _, _, mod = _load_model(example_model, {})
+    target = target_for(Share("cpu", 50))
+    prepared = prepare_for_tuning(mod, target)
+    a = apply_records(prepared_mod=prepared, target=target, database=merged)
+    b = apply_records(prepared_mod=prepared, target=target, database=single)
+    assert tvm_ffi.structural_equal(a, b)
+    assert not tvm_ffi.structural_equal(a, prepared)  # records were applied at all
+    assert os.path.getsize(report["artifact"]) > 0
+
+
+def test_two_shares_in_one_run_get_two_databases_with_different_bests(example_model, tmp_path):
+    out = tmp_path / "two"
+    proc = run_cli("tune", example_model, "--cpu-pct", "50,100", "--clients", "2", "--trials", "12",
+                   "--trials-per-iter", "3", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert [r["share"] for r in report["shares"]] == ["cpu50", "cpu100"]
+    dbs = {r["share"]: r["records_dir"] for r in report["shares"]}
+    assert dbs["cpu50"] != dbs["cpu100"] and all(os.path.isdir(d) for d in dbs.values())
+    for label, db in dbs.items():
+        per, _ = _records_per_workload(db)
+        assert sum(per.values()) == 12, label
+        assert json.load(open(os.path.join(out, f"report-{label}.json")))["share"] == label
+    # Best record per task, straight from each database: at least one task differs.
+    from tunekit.records.database import open_database
+
+    bests = {}
+    for label, db in dbs.items():
+        database = open_database(db, create=False)
+        bests[label] = {}
+        for record in database.get_all_tuning_records():
+            top = database.get_top_k(record.workload, 1)
+            if top:
+                bests[label][str(tvm_hash(record.workload.mod))] = json.dumps(top[0].trace.as_json(remove_postproc=True), default=str)
+    common = set(bests["cpu50"]) & set(bests["cpu100"])
+    assert common and any(bests["cpu50"][k] != bests["cpu100"][k] for k in common)
+    assert report["tasks_whose_best_differs"] >= 1
+
+
+def tvm_hash(mod):
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(mod)
+
+
+def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example_model, tmp_path):
+    """Ray's own multi-node test cluster: servers go on every node, a tuning client killed with
+    SIGKILL mid-run is started again on its shard, and no trial is lost or measured twice."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tunekit import api
+    from tunekit.config import TuneConfig
+    from tunekit.coordinator.coordinator import CoordinatorConfig
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    killed = []
+    out = str(tmp_path / "cluster")
+
+    def kill_a_client_once_it_has_records():
+        deadline = time.time() + 600
+        root = os.path.join(out, "work", "shards", "cpu50")
+        while time.time() < deadline and not killed:
+            for dirpath, _, files in os.walk(root):
+                path = os.path.join(dirpath, RECORDS)
+                if RECORDS in files and os.path.getsize(path) > 0:
+                    for proc in psutil.process_iter(["cmdline"]):
+                        if "TuningClientImpl" in " ".join(proc.info["cmdline"] or []):
+                            proc.kill()
+                            killed.append(proc.pid)
+                            return
+            time.sleep(0.2)
+
+    try:
+        ray.init(address=cluster.address)
+        killer = threading.Thread(target=kill_a_client_once_it_has_records, daemon=True)
+        killer.start()
+        result = api.tune(example_model, cpu_pct=50, out=out,
+                          config=TuneConfig(trials=12, trials_per_iter=2),
+                          coordinator=CoordinatorConfig(clients=2, ray_address=cluster.address))
+        killer.join(timeout=5)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    report = result.report
+    assert report["environment"]["ray"]["nodes"] == 2
+    nodes = {f["key"].split("-")[2] for f in report["coordinator"]["fleets"]}
+    assert len(nodes) == 2  # a fleet on each node
+    assert killed, "no client was killed: the test did not test anything"
+    assert report["faults"]["client_restarts"] >= 1
+    per, traces = _records_per_workload(report["records_dir"])
+    assert sum(per.values()) == len(traces)  # nothing measured twice
+    assert report["trials"]["measured"] == sum(per.values()) <= 12
+    assert os.path.getsize(report["artifact"]) > 0

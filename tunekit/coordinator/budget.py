@@ -1,0 +1,76 @@
+"""The shared trial pool of one share: where unused trials go, and where improving tasks find more.
+
+Every task starts with its own budget (coordinator.plan.allocate_trials). A task whose search space
+is exhausted, or a client that stops early, releases what it did not use; a task that has spent
+its budget and still improves takes from the pool. The total `--trials` budget therefore holds
+exactly. The pool also counts the trials clients report, which drives the progress bar.
+"""
+from __future__ import annotations
+
+import threading
+
+
+class TrialPool:
+    """In-process pool (tests, single client). The Ray actor below wraps the same logic."""
+
+    def __init__(self, available: int = 0):
+        self._lock = threading.Lock()
+        self.available = int(available)
+        self.released = 0      # trials given back by tasks that could not use them
+        self.reassigned = 0    # trials taken from the pool by tasks that still improve
+        self.measured = 0
+        self.best: dict[str, float] = {}
+
+    def take(self, wanted: int) -> int:
+        with self._lock:
+            granted = max(0, min(int(wanted), self.available))
+            self.available -= granted
+            self.reassigned += granted
+            return granted
+
+    def release(self, count: int) -> None:
+        with self._lock:
+            self.available += max(0, int(count))
+            self.released += max(0, int(count))
+
+    def report(self, measured: int, task: str | None = None, best_us: float | None = None) -> None:
+        with self._lock:
+            self.measured += int(measured)
+            if task is not None and best_us is not None:
+                self.best[task] = best_us
+
+    def status(self) -> dict:
+        with self._lock:
+            return {"available": self.available, "released": self.released, "reassigned": self.reassigned,
+                    "measured": self.measured}
+
+
+def ray_pool_class():
+    """The Ray actor class (defined lazily: importing tunekit must not import Ray)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class RayTrialPool(TrialPool):
+        pass
+
+    return RayTrialPool
+
+
+class RemotePool:
+    """What a tuning client holds: the same calls as TrialPool, made on the Ray actor."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def take(self, wanted: int) -> int:
+        import ray
+
+        return ray.get(self.handle.take.remote(wanted))
+
+    def release(self, count: int) -> None:
+        import ray
+
+        ray.get(self.handle.release.remote(count))
+
+    def report(self, measured: int, task: str | None = None, best_us: float | None = None) -> None:
+        self.handle.report.remote(measured, task, best_us)  # fire and forget: progress only

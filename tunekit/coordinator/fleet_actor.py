@@ -1,0 +1,104 @@
+"""Runner servers as Ray actors, placed on the node whose device they measure.
+
+One `ShareFleet` actor holds the servers of one share on one device (a GPU, or a node's cores):
+- GPU: one RunnerFleet (one tracker) with N servers, each process at the share's MPS percentage
+  and on that GPU only (CUDA_VISIBLE_DEVICES);
+- CPU: one RunnerFleet per server, each pinned to its own core set, so that servers of the same
+  or of other shares never share a core.
+One `MPSNode` actor per GPU node owns that node's MPS daemon: every share on the node uses the
+same daemon (two daemons would fight over the GPU). Ray's resource requests only book the
+device; what limits a server physically is MPS (GPU) or its CPU affinity.
+"""
+from __future__ import annotations
+
+import os
+
+from ..servers.fleet import FleetConfig, RunnerFleet
+from ..shares.pinning import PinnedEnv, pinned_env
+from ..shares.share import Share
+
+
+class ShareFleetImpl:
+    def __init__(self, *, share_kind: str, pct: int, key: str, device: int | None, core_sets: list[list[int]],
+                 servers: int, server_mode: str = "warm", mps_env: dict | None = None, host: str = "127.0.0.1"):
+        self.share = Share(share_kind, pct)
+        self.key = key
+        self.fleets: list[RunnerFleet] = []
+        config = FleetConfig(servers=1, server_mode=server_mode, host=host)
+        if share_kind == "gpu":
+            pinned = pinned_env(self.share, mps_env=mps_env or {})
+            pinned.env["CUDA_VISIBLE_DEVICES"] = str(device)
+            self.fleets.append(RunnerFleet(key=f"{key}-gpu{device}", pinned=pinned,
+                                           config=FleetConfig(servers=servers, server_mode=server_mode, host=host)))
+        else:
+            for j, cores in enumerate(core_sets):
+                env = {"TVM_NUM_THREADS": str(len(cores)), "OMP_NUM_THREADS": str(len(cores))}
+                self.fleets.append(RunnerFleet(key=f"{key}-s{j}", pinned=PinnedEnv(self.share, env, cores),
+                                               config=config))
+
+    def start(self) -> list[dict]:
+        """Start every tracker and server; returns where clients connect."""
+        for fleet in self.fleets:
+            fleet.start()
+        return self.addresses()
+
+    def addresses(self) -> list[dict]:
+        return [{"host": f.config.host, "port": f.tracker_port, "key": f.key, "sessions": f.config.servers,
+                 "cores": f.pinned.cores} for f in self.fleets]
+
+    def stop_server_on_port(self, port: int) -> bool:
+        return any(fleet.stop_server_on_port(port) for fleet in self.fleets)
+
+    def restarts(self) -> int:
+        return sum(f.restarts for f in self.fleets)
+
+    def server_pids(self) -> list[int]:
+        return [pid for f in self.fleets for pid in f.server_pids]
+
+    def stop(self) -> None:
+        for fleet in self.fleets:
+            fleet.stop()
+
+
+class MPSNodeImpl:
+    """The MPS daemon of one node, shared by all shares tuned there."""
+
+    def __init__(self):
+        from ..shares.mps import MPSDaemon
+
+        self.daemon = MPSDaemon().start()
+
+    def env(self) -> dict:
+        return self.daemon.env()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+
+def actor_classes():
+    import ray
+
+    return ray.remote(num_cpus=0)(ShareFleetImpl), ray.remote(num_cpus=0)(MPSNodeImpl)
+
+
+def node_affinity(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
+def visible_gpus() -> list[int]:
+    """Physical GPU indices this process may use (CUDA_VISIBLE_DEVICES, else all NVML sees)."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if text:
+        return [int(x) for x in text.split(",") if x.strip().isdigit()]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return list(range(pynvml.nvmlDeviceGetCount()))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return []

@@ -1,0 +1,26 @@
+"""The report of a run that tuned several shares: each share's result side by side, per task too."""
+from __future__ import annotations
+
+
+def compare_shares(results) -> dict:
+    """`results`: TuneResults of one model, one per share. Returns report.json's content."""
+    shares = [r.share for r in results]
+    rows = [{"share": r.share, "untuned_ms": round(r.untuned_ms, 4), "tuned_ms": round(r.tuned_ms, 4),
+             "speedup": round(r.speedup, 3), "trials": r.trials,
+             "tuning_wall_s": r.report.get("tuning_wall_s"), "records_dir": r.records_dir,
+             "artifact": r.artifact, "report": r.report_path} for r in results]
+    per_task: dict[str, dict] = {}
+    for r in results:
+        for task in r.report.get("tasks", []):
+            entry = per_task.setdefault(task.get("workload_hash") or task["name"], {"name": task["name"]})
+            entry[r.share] = task.get("tuned_us")
+    differing = [t for t in per_task.values()
+                 if len({t.get(s) for s in shares if t.get(s) is not None}) > 1]
+    lines = ["| share | untuned ms | tuned ms | speedup | trials | tuning s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['share']} | {r['untuned_ms']} | {r['tuned_ms']} | {r['speedup']} | {r['trials']} | "
+              f"{r['tuning_wall_s']} |" for r in rows]
+    return {"model": results[0].report.get("model") if results else None, "shares": rows,
+            "tasks_best_us": list(per_task.values()), "tasks_whose_best_differs": len(differing),
+            "table_md": "\n".join(lines),
+            "environment": results[0].report.get("environment") if results else None,
+            "per_share": {r.share: r.report for r in results}}
