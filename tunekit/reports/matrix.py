@@ -62,8 +62,14 @@ def matrix_markdown(rows: list[dict]) -> str:
 
 
 def _plot(series: dict[str, list[tuple[int, float, float]]], path: str, *, title: str,
-          knee: tuple[int, float] | None = None) -> str:
-    import matplotlib
+          knee: tuple[int, float] | None = None) -> str | None:
+    try:
+        import matplotlib
+    except ImportError:  # a bare GPU box: the JSON/Markdown still come out; plot later from matrix.json
+        import logging
+
+        logging.getLogger("tunekit.reports").warning("matplotlib is not installed: no plot %s", path)
+        return None
 
     matplotlib.use("Agg")  # no display on servers/CI
     import matplotlib.pyplot as plt
