@@ -47,6 +47,13 @@ class FanoutRunner(PyRunner):
     def session_failures(self) -> int:
         return sum(r.session_failures for r in self.runners)
 
+    def fault_counts(self) -> dict:
+        totals: dict = {}
+        for runner in self.runners:
+            for key, value in runner.fault_counts().items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
     def shutdown(self) -> None:
         for runner in self.runners:
             runner.shutdown()

@@ -51,6 +51,8 @@ class _ShareRun:
     clients: dict = field(default_factory=dict)      # shard index -> actor
     outcomes: dict = field(default_factory=dict)     # shard index -> outcome dict
     client_restarts: int = 0
+    client_deaths: int = 0
+    fleet_faults: dict = field(default_factory=dict)
     untuned: dict | None = None
     started: float = 0.0
     wall_s: float = 0.0
@@ -199,6 +201,7 @@ class Coordinator:
                     # The client process died (killed, OOM, node lost). Its shard is on disk:
                     # start a new client on it; what it measured counts against the budgets.
                     self.faults["client_deaths"] += 1
+                    run.client_deaths += 1
                     key = (run.share.label, shard)
                     restarts[key] = restarts.get(key, 0) + 1
                     if restarts[key] > self.coord.client_restarts:
@@ -332,6 +335,8 @@ class Coordinator:
             for fleet in run.fleets:
                 try:
                     run.server_restarts = getattr(run, "server_restarts", 0) + ray.get(fleet.restarts.remote(), timeout=10)
+                    for key, value in ray.get(fleet.fault_counts.remote(), timeout=10).items():
+                        run.fleet_faults[key] = run.fleet_faults.get(key, 0) + value
                     ray.get(fleet.stop.remote(), timeout=60)
                 except Exception:
                     pass
@@ -360,6 +365,7 @@ class Coordinator:
                 measure_latency, write_report):
         from .. import api
         from ..api import TuneResult
+        from ..records.database import repaired_bytes
 
         shard_dirs = [self._shard_dir(run, s) for s in sorted(run.outcomes)]
         merged = merge_shards(shard_dirs, run.db_dir)
@@ -399,9 +405,9 @@ class Coordinator:
                                        for s in sorted(run.outcomes)],
                             "pool": pool, "merge": merged, "run_id": self.run_id,
                             "client_restarts": run.client_restarts},
-            "faults": {"client_deaths": self.faults["client_deaths"], "client_restarts": run.client_restarts,
-                       "server_restarts": getattr(run, "server_restarts", 0),
-                       "hung_candidates": sum(o.get("hung_candidates", 0) for o in run.outcomes.values())},
+            "faults": {**run.fleet_faults, **_sum_dicts([o.get("runner_faults", {}) for o in run.outcomes.values()]),
+                       "client_deaths": run.client_deaths, "client_restarts": run.client_restarts,
+                       "records_repaired_bytes": repaired_bytes(run.db_dir)},
         }
         report_path = write_report(report, self.out) if len(self.shares) == 1 else _write_share_report(report, self.out)
         return TuneResult(share=run.share.label, out_dir=self.out, records_dir=run.db_dir, artifact=artifact,
@@ -432,6 +438,14 @@ def _fold_extra(outcome: dict, extra: dict) -> None:
                 mine["speedup"] = round(mine["untuned_us"] / mine["tuned_us"], 3)
     for key in ("trials_done", "trials_failed", "trials_cached"):
         outcome[key] += extra[key]
+
+
+def _sum_dicts(dicts: list[dict]) -> dict:
+    totals: dict = {}
+    for d in dicts:
+        for key, value in d.items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
 
 
 def _sum_phases(phase_dicts: list[dict], wall_s: float, trials: int) -> dict:

@@ -52,6 +52,13 @@ class ShareFleetImpl:
     def restarts(self) -> int:
         return sum(f.restarts for f in self.fleets)
 
+    def fault_counts(self) -> dict:
+        totals: dict = {}
+        for fleet in self.fleets:
+            for key, value in fleet.fault_counts().items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
     def server_pids(self) -> list[int]:
         return [pid for f in self.fleets for pid in f.server_pids]
 
