@@ -7,6 +7,11 @@ Kinds (everything that needs no Ray; real processes, real kills):
 - tune-sigkill:     SIGKILL the whole `tunekit tune` process N times, `--resume` after each;
 - servers-gone:     every server of the share killed as soon as it starts, N times: the run must
                     stop with a clear error, keep its records, and `--resume` must then finish.
+Ray kinds (the coordinator: `--clients 2`, Ray started by the run or a `ray.cluster_utils.Cluster`):
+- client-sigkill:      SIGKILL a TuningClientImpl actor process N times in one coordinated run;
+- coordinator-sigkill: SIGKILL the whole coordinated `tunekit tune --clients 2` N times, `--resume`
+                       after each (also counts processes that outlived the killed run);
+- node-kill:           remove the non-head node of a 2-node Cluster (no grace) mid-run, N runs.
 A fault is survived when the run (or the resumed run) completes with the fault accounted for;
 trials lost = trials in the records at the moment of the fault that are missing afterwards,
 plus good candidates that failed because of a neighbour's fault. Also measures what the
@@ -55,6 +60,47 @@ def _lost(before: list[str], after: list[str]) -> int:
 def _duplicates(rows: list[str]) -> int:
     keys = [(json.loads(r)[0], json.dumps(json.loads(r)[1][0], sort_keys=True)) for r in rows]
     return len(keys) - len(set(keys))
+
+
+def _shard_rows(out):
+    """Complete record lines of every client shard of a coordinated run, as (workload hash, trace)."""
+    root = os.path.join(out, "work", "shards", "cpu50")
+    keys = []
+    for dirpath, _, files in os.walk(root):
+        if "database_tuning_record.json" not in files:
+            continue
+        workloads = []
+        for line in open(os.path.join(dirpath, "database_workload.json")):
+            try:
+                workloads.append(json.loads(line)[0])
+            except ValueError:
+                workloads.append(None)
+        for line in open(os.path.join(dirpath, "database_tuning_record.json")):
+            try:
+                index, record = json.loads(line)
+                if workloads[index] is not None:
+                    keys.append((workloads[index], json.dumps(record[0], sort_keys=True)))
+            except (ValueError, IndexError):
+                pass
+    return keys
+
+
+def _db_keys(db):
+    """(workload hash, trace) of every complete record of a database."""
+    workloads = []
+    path = os.path.join(db, "database_workload.json")
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                workloads.append(json.loads(line)[0])
+            except ValueError:
+                workloads.append(None)
+    keys = []
+    for row in _records(db):
+        index, record = json.loads(row)
+        if index < len(workloads):
+            keys.append((workloads[index], json.dumps(record[0], sort_keys=True)))
+    return keys
 
 
 def _tune(model, out, trials, *extra):
@@ -235,6 +281,143 @@ def servers_gone(model, root, n, trials):
             "note": "survived = clear one-line error, records kept; " + "; ".join(notes)}
 
 
+# ---- Ray kinds ----
+def client_sigkill(model, root, n, trials):
+    out = os.path.join(root, "client-sigkill")
+    db = os.path.join(out, "records-cpu50")
+    proc = _tune(model, out, trials, "--clients", "2", "--json")
+    snapshots = []
+    for k in range(1, n + 1):
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None and len(_shard_rows(out)) < k * trials // (n + 1):
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            break
+        clients = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "TuningClientImpl" in " ".join(_cmdline(p))]
+        if not clients:
+            break
+        clients[0].kill()
+        time.sleep(0.5)
+        snapshots.append(_shard_rows(out))
+    stdout, stderr = proc.communicate(timeout=1800)
+    after = _db_keys(db)
+    faults = {k: v for k, v in (json.loads(stdout)["report"]["faults"] if proc.returncode == 0 else {}).items() if v}
+    survived = min(len(snapshots), faults.get("client_restarts", 0)) if proc.returncode == 0 else 0
+    return {"kind": "tuning client actor SIGKILL (Ray, --clients 2)", "injected": len(snapshots),
+            "survived": survived, "lost": sum(len(set(s) - set(after)) for s in snapshots),
+            "duplicates": len(after) - len(set(after)),
+            "note": f"rc 0; faults {faults}" if proc.returncode == 0 else stderr.strip()[-300:]}
+
+
+def _cmdline(proc):
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def coordinator_sigkill(model, root, n, trials):
+    out = os.path.join(root, "coordinator-sigkill")
+    db = os.path.join(out, "records-cpu50")
+    snapshots, notes, orphans = [], [], 0
+    for k in range(n):
+        proc = _tune(model, out, trials, "--clients", "2", *(["--resume"] if k else []))
+        start = len(_shard_rows(out))
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None and len(_shard_rows(out)) < start + max(2, trials // 4):
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            notes.append(f"run {k} ended before the kill: {proc.communicate()[1].strip()[-200:]}")
+            continue
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        snapshots.append(_shard_rows(out))
+        _, alive = psutil.wait_procs(tree, timeout=60)
+        if alive:
+            orphans += len(alive)
+            notes.append(f"{len(alive)} processes outlived the killed run: "
+                         f"{sorted({' '.join(_cmdline(p))[:30] for p in alive})}")
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+    final = _tune(model, out, trials, "--clients", "2", "--resume", "--json")
+    stdout, stderr = final.communicate(timeout=1800)
+    after = _db_keys(db)
+    survived = 0
+    if final.returncode == 0:
+        report = json.loads(stdout)["report"]
+        survived = len(snapshots) if not orphans else 0
+        notes.append(f"no orphan process; final resume measured {report['trials']['measured']}; compile ok: "
+                     f"{os.path.getsize(report['artifact']) > 0}; records {len(after)}" if not orphans else
+                     "final resume completed")
+    else:
+        notes.append(stderr.strip()[-300:])
+    return {"kind": "coordinated `tunekit tune --clients 2` SIGKILL + --resume", "injected": len(snapshots),
+            "survived": survived, "lost": sum(len(set(s) - set(after)) for s in snapshots),
+            "duplicates": len(after) - len(set(after)), "note": "; ".join(notes)}
+
+
+def node_kill(model, root, n, trials):
+    """Each of N runs: a 2-node Cluster, the non-head node removed (no grace) once shards hold records."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tunekit import api
+    from tunekit.config import TuneConfig
+    from tunekit.coordinator.coordinator import CoordinatorConfig
+
+    injected = survived = lost = duplicates = 0
+    notes = []
+    for k in range(n):
+        out = os.path.join(root, f"node-kill-{k}")
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        worker = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        snapshot, killed = [], []
+
+        def remove_node():
+            deadline = time.time() + 600
+            while time.time() < deadline:
+                if len(_shard_rows(out)) >= max(2, trials // 4):
+                    snapshot.extend(_shard_rows(out))
+                    cluster.remove_node(worker, allow_graceful=False)
+                    killed.append(1)
+                    return
+                time.sleep(0.2)
+
+        try:
+            ray.init(address=cluster.address, log_to_driver=False)
+            killer = threading.Thread(target=remove_node, daemon=True)
+            killer.start()
+            result = api.tune(model, cpu_pct=50, out=out,
+                              config=TuneConfig(trials=trials, trials_per_iter=4, servers_gone_timeout_s=20),
+                              coordinator=CoordinatorConfig(clients=2, ray_address=cluster.address))
+            killer.join(timeout=5)
+            after = _db_keys(result.records_dir)
+            faults = {key: v for key, v in result.report["faults"].items() if v}
+            ok = bool(killed) and set(snapshot) <= set(after) and os.path.getsize(result.artifact) > 0
+            notes.append(f"run {k}: faults {faults}")
+        except Exception as exc:  # the run stopped: count it as not survived, keep what is on disk
+            after = _db_keys(os.path.join(out, "records-cpu50")) + _shard_rows(out)
+            ok = False
+            notes.append(f"run {k}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+        injected += bool(killed)
+        survived += ok
+        lost += len(set(snapshot) - set(after))
+        duplicates += len(_db_keys(os.path.join(out, "records-cpu50"))) - len(set(_db_keys(os.path.join(out, "records-cpu50"))))
+    return {"kind": "non-head Ray node removed (Cluster, no grace)", "injected": injected, "survived": survived,
+            "lost": lost, "duplicates": duplicates, "note": "; ".join(notes)}
+
+
 def fsync_cost(root, count=300):
     import tvm
     from tvm import te
@@ -271,7 +454,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2, help="faults injected of each kind")
     parser.add_argument("--trials", type=int, default=16, help="trials of each tuning run")
     parser.add_argument("--out", default=None, help="work dir (default: a temp dir, removed at the end)")
-    parser.add_argument("--kinds", default="server-sigkill,hung-candidate,crash-candidate,tune-sigkill,servers-gone")
+    parser.add_argument("--kinds", default="server-sigkill,hung-candidate,crash-candidate,tune-sigkill,servers-gone",
+                        help="comma-separated; Ray kinds (not in the default): client-sigkill, "
+                             "coordinator-sigkill, node-kill; 'ray' = all three")
+    parser.add_argument("--no-fsync", action="store_true", help="skip the fsync micro-benchmark")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     root = args.out or tempfile.mkdtemp(prefix="tunekit-faults-")
@@ -283,7 +469,7 @@ def main() -> None:
 
     save_example("tiny_cnn", model)
     started = time.time()
-    kinds = args.kinds.split(",")
+    kinds = args.kinds.replace("ray", "client-sigkill,coordinator-sigkill,node-kill").split(",")
     rows = []
     for kind in kinds:
         t = time.time()
@@ -297,12 +483,18 @@ def main() -> None:
             row = tune_sigkill(model, root, args.n, args.trials)
         elif kind == "servers-gone":
             row = servers_gone(model, root, args.n, args.trials)
+        elif kind == "client-sigkill":
+            row = client_sigkill(model, root, args.n, args.trials)
+        elif kind == "coordinator-sigkill":
+            row = coordinator_sigkill(model, root, args.n, args.trials)
+        elif kind == "node-kill":
+            row = node_kill(model, root, args.n, args.trials)
         else:
             raise SystemExit(f"unknown kind {kind}")
         row["wall_s"] = round(time.time() - t, 1)
         rows.append(row)
         print(f"[{kind}] {row}", file=sys.stderr, flush=True)
-    fsync = fsync_cost(root)
+    fsync = None if args.no_fsync else fsync_cost(root)
     import tvm
 
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
@@ -313,8 +505,9 @@ def main() -> None:
     for r in rows:
         print(f"| {r['kind']} | {r['injected']} | {r['survived']} | {r['lost']} | {r['duplicates']} | "
               f"{r['wall_s']} | {r['note']} |")
-    print(f"\nfsync per committed trial: commit {fsync['plain']:.3f} ms -> commit + fsync {fsync['fsync']:.3f} ms "
-          f"(+{fsync['extra_ms']:.3f} ms a trial; {fsync['line_bytes']} B lines, 300 commits)")
+    if fsync:
+        print(f"\nfsync per committed trial: commit {fsync['plain']:.3f} ms -> commit + fsync {fsync['fsync']:.3f} ms "
+              f"(+{fsync['extra_ms']:.3f} ms a trial; {fsync['line_bytes']} B lines, 300 commits)")
     if not args.out:
         shutil.rmtree(root, ignore_errors=True)
 

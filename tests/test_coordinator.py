@@ -205,11 +205,15 @@ def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example
             for dirpath, _, files in os.walk(root):
                 path = os.path.join(dirpath, RECORDS)
                 if RECORDS in files and os.path.getsize(path) > 0:
-                    for proc in psutil.process_iter(["cmdline"]):
-                        if "TuningClientImpl" in " ".join(proc.info["cmdline"] or []):
-                            proc.kill()
-                            killed.append(proc.pid)
-                            return
+                    # Only this test's cluster: its raylets are our children, the actors theirs.
+                    for proc in psutil.Process().children(recursive=True):
+                        try:
+                            if "TuningClientImpl" in " ".join(proc.cmdline()):
+                                proc.kill()
+                                killed.append(proc.pid)
+                                return
+                        except psutil.Error:
+                            continue
             time.sleep(0.2)
 
     try:

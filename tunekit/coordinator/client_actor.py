@@ -79,6 +79,9 @@ class TuningClientImpl:
             runners.append(SessionRunner(RunnerConfig(tracker_host=fleet["host"], tracker_port=fleet["port"],
                                                       key=fleet["key"], sessions=fleet["sessions"],
                                                       candidate_timeout_s=self.config.session_timeout_s,
+                                                      # a fleet lost with its node is given up after the
+                                                      # configured timeout (was: RunnerConfig's 120 s)
+                                                      servers_gone_timeout_s=self.config.servers_gone_timeout_s,
                                                       min_repeat_ms=self.config.min_repeat_ms,
                                                       label=self.share_label, release_idle_sessions=self.shared),
                                          on_hang=on_hang))

@@ -183,8 +183,13 @@ class Coordinator:
         pool_class = ray_pool_class()
         total_clients = sum(max(p.client for p in run.plans) + 1 for run in group)
         pending = {}  # ref -> (run, shard)
+        from .fleet_actor import node_affinity
+
+        here = ray.get_runtime_context().get_node_id()
         for run in group:
-            run.pool = pool_class.remote(0)
+            # The trial pool lives on the coordinator's node: placed on another node, losing that
+            # node lost the pool and stopped the run (ActorUnavailableError; tests/test_faults_ray.py).
+            run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(0)
             run.started = time.time()
             for shard in sorted({p.client for p in run.plans if p.budget > 0}):
                 self._start_client(ray, run, shard, total_clients)

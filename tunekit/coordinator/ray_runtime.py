@@ -50,7 +50,9 @@ def connect(*, address: str | None = None, gpus: list[int] | None = None, debug:
         from .fleet_actor import visible_gpus
 
         gpu_count = len(visible_gpus())
-        ray.init(num_cpus=len(os.sched_getaffinity(0)), num_gpus=gpu_count, include_dashboard=False,
+        # address="local": always a new cluster of our own. Without it ray.init() connects to any Ray
+        # already running on the machine (another user's, another run's) and then refuses num_cpus.
+        ray.init(address="local", num_cpus=len(os.sched_getaffinity(0)), num_gpus=gpu_count, include_dashboard=False,
                  log_to_driver=debug, logging_level=logging.WARNING, configure_logging=True)
         started = True
     reaper = _start_reaper() if started else None
