@@ -102,15 +102,15 @@ class TuningClientImpl:
         self._setup()
         extracted = _tasks_from_json(tasks, self.target)
         overlap = self.config.overlap if self.config.overlap in (True, False) else self.target.kind.name == "cuda"
-        if True:  # no signal handlers here: Ray runs actor methods off the main thread
-            outcome = run_search(extracted_tasks=extracted, target=self.target, database=self.database,
-                                 builder=self.builder, runner=self.runner, cost_model=self.cost_model,
-                                 config=self.config, search_threads=len(self.build_cores),
-                                 work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"), overlap=overlap,
-                                 measure_untuned=measure_untuned, task_budgets=budgets,
-                                 pool=RemotePool(pool) if pool is not None else None,
-                                 known_database=self.known, count_existing=resume_counts,
-                                 improving_only=improving_only, tag={"client": self.client_id})
+        # No cooperative() signal handling here: Ray runs actor methods off the main thread.
+        outcome = run_search(extracted_tasks=extracted, target=self.target, database=self.database,
+                             builder=self.builder, runner=self.runner, cost_model=self.cost_model,
+                             config=self.config, search_threads=len(self.build_cores),
+                             work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"), overlap=overlap,
+                             measure_untuned=measure_untuned, task_budgets=budgets,
+                             pool=RemotePool(pool) if pool is not None else None,
+                             known_database=self.known, count_existing=resume_counts,
+                             improving_only=improving_only, tag={"client": self.client_id})
         result = dataclasses.asdict(outcome)
         result["hung_candidates"] = self.runner.hangs
         result["runner_faults"] = self.runner.fault_counts()

@@ -250,13 +250,11 @@ class Coordinator:
         import ray
 
         from .. import api
-        from ..clients.compiler import compile_and_export, useful_records
+        from ..clients.compiler import compile_and_export
         from ..clients.progress import ProgressBar
         from ..frontend.tasks import extract_tasks, prepare_for_tuning
-        from ..records.baselines import read_baselines, write_baselines
-        from ..records.database import count_trials, database_dir, open_database
+        from ..records.database import count_trials, database_dir
         from ..records.identity import check_or_write, out_dir_lock, run_identity
-        from ..reports.report import write_report
         from ..servers.latency import measure_latency
         from ..shares.mps import gpu_name
         from ..targets import target_for
@@ -314,12 +312,7 @@ class Coordinator:
                         progress.close()
                         self._stop_group(ray, group)
                     for run in group:
-                        results.append(self._finish(ray, run, model_name, sample, started, cluster,
-                                                    merge_shards=merge_shards, open_database=open_database,
-                                                    write_baselines=write_baselines, read_baselines=read_baselines,
-                                                    useful_records=useful_records,
-                                                    compile_and_export=compile_and_export,
-                                                    measure_latency=measure_latency, write_report=write_report))
+                        results.append(self._finish(ray, run, model_name, sample, started, cluster))
             finally:
                 for actor in self.mps_actors.values():
                     try:
@@ -365,9 +358,13 @@ class Coordinator:
             run.environment_session = session
         return info
 
-    def _finish(self, ray, run: _ShareRun, model_name: str, sample, started: float, cluster, *, merge_shards,
-                open_database, write_baselines, read_baselines, useful_records, compile_and_export,
-                measure_latency, write_report):
+    def _finish(self, ray, run: _ShareRun, model_name: str, sample, started: float, cluster):
+        from ..clients.compiler import compile_and_export, useful_records
+        from ..records.baselines import read_baselines, write_baselines
+        from ..records.database import open_database
+        from ..reports.report import write_report
+        from ..servers.latency import measure_latency
+        from .merge import merge_shards
         from .. import api
         from ..api import TuneResult
         from ..records.database import repaired_bytes
