@@ -23,20 +23,22 @@ from tuning_time import machine, model_path  # noqa: E402
 
 
 def run_setup(label: str, clients: int | None, servers: int, model: str, share_flag: list[str], args,
-              workdir: str) -> dict:
+              workdir: str, gpus: int = 0) -> dict:
     out = os.path.join(workdir, label)
     cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials),
            "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed), "--servers", str(servers),
            "--out", out, "--json"]
     if clients is not None:
         cmd += ["--clients", str(clients)]
+    if gpus:
+        cmd += ["--gpus", ",".join(str(g) for g in range(gpus))]
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"label": label, "error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "failed"}
     report = json.loads(proc.stdout)["report"]
-    return {"label": label, "clients": clients or 1, "servers": servers, "ray": clients is not None,
+    return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
             "tuning_wall_s": report["tuning_wall_s"], "process_wall_s": round(time.time() - started, 1),
             "trials": report["trials"]["measured"], "failed": report["trials"]["failed"],
             "trials_per_s": round(report["trials"]["measured"] / report["tuning_wall_s"], 3),
@@ -72,20 +74,28 @@ def main() -> None:
     parser.add_argument("--trials-per-iter", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--setups", default="1x1,2x1,4x1,2x2",
-                        help="CLIENTSxSERVERS list through Ray (the first is the reference)")
+                        help="CLIENTSxSERVERS[xGPUS] list through Ray (the first is the reference); "
+                             "servers are per GPU, GPUS uses devices 0..GPUS-1")
     parser.add_argument("--no-single-process", action="store_true", help="skip the no-Ray reference run")
     parser.add_argument("--results", help="write the table here (Markdown; a .json beside it)")
     args = parser.parse_args()
     share_flag = ["--gpu-pct", str(args.gpu_pct)] if args.gpu_pct else ["--cpu-pct", str(args.cpu_pct or 50)]
-    rows = []
+    # Resumable: setups already in --results' JSON (a call cut off by a time limit, or an earlier
+    # call on the same machine) are kept and not run again.
+    rows = _load(args)
+    done = {r["label"] for r in rows if "error" not in r}
+    rows = [r for r in rows if "error" not in r]
     with tempfile.TemporaryDirectory(prefix="tunekit-scaling-") as workdir:
         model = model_path(args.model, workdir)
-        setups = [tuple(int(x) for x in s.split("x")) for s in args.setups.split(",")]
-        for clients, servers in setups:
-            rows.append(run_setup(f"{clients} client(s) x {servers} server(s)", clients, servers, model,
-                                  share_flag, args, workdir))
+        setups = [[int(x) for x in s.split("x")] + [0] for s in args.setups.split(",")]
+        for clients, servers, gpus, *_ in setups:
+            label = f"{clients} client(s) x {servers} server(s)" + (f" x {gpus} GPU(s)" if gpus else "")
+            if label in done:
+                print(f"[{label}] kept from {args.results}", file=sys.stderr)
+                continue
+            rows.append(run_setup(label, clients, servers, model, share_flag, args, workdir, gpus))
             _save(args, rows)
-        if not args.no_single_process:
+        if not args.no_single_process and "1 process, no Ray" not in done:
             rows.append(run_setup("1 process, no Ray", None, 1, model, share_flag, args, workdir))
             _save(args, rows)
     text = (f"# Coordinator scaling: {args.model} at {share_flag[0][2:]} {share_flag[1]}%, {args.trials} trials, "
@@ -95,6 +105,14 @@ def main() -> None:
     if args.results:
         with open(args.results, "w") as fh:
             fh.write(text)
+
+
+def _load(args) -> list[dict]:
+    path = os.path.splitext(args.results)[0] + ".json" if args.results else None
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            return json.load(fh)
+    return []
 
 
 def _save(args, rows) -> None:

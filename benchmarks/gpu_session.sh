@@ -26,15 +26,21 @@ PY
       --trials-per-iter ${PER_ITER:-16} --results "$OUT/tuning_time_${MODEL:-resnet18}_gpu${PCT:-40}.md" 2>&1 | tail -40
     ;;
   coord)
-    # The Ray coordinator on the GPU: a small smoke run, then clients x servers scaling on ResNet-18.
-    python3 -m tunekit.cli example --out /tmp/tiny_cnn.onnx
-    timeout 240 python3 -m tunekit.cli tune /tmp/tiny_cnn.onnx --gpu-pct 40 --clients 2 --servers 2 --trials 8 \
-      --trials-per-iter 4 --out /tmp/coord --json > "$OUT/coord_smoke.json" 2> "$OUT/coord_smoke.log"
-    rc=$?; echo "coord smoke rc=$rc"; grep -v "^\s*$" "$OUT/coord_smoke.log" | tail -8
-    [ $rc -eq 0 ] || exit $rc
+    # The Ray coordinator on the GPU: a small smoke run (SMOKE=0 skips it), then clients x servers
+    # scaling on ResNet-18. Resumable across calls: the JSON lives in the results dir (carried with
+    # the tree) and setups already in it are kept; copies come back through $OUT.
+    if [ "${SMOKE:-1}" = 1 ]; then
+      python3 -m tunekit.cli example --out /tmp/tiny_cnn.onnx
+      timeout 240 python3 -m tunekit.cli tune /tmp/tiny_cnn.onnx --gpu-pct 40 --clients 2 --servers 2 --trials 8 \
+        --trials-per-iter 4 --out /tmp/coord --json > "$OUT/coord_smoke.json" 2> "$OUT/coord_smoke.log"
+      rc=$?; echo "coord smoke rc=$rc"; grep -v "^\s*$" "$OUT/coord_smoke.log" | tail -8
+      [ $rc -eq 0 ] || exit $rc
+    fi
+    R=${RESULTS:-benchmarks/results/h100-resnet18-gpu40-coordinator}
     python3 benchmarks/coordinator_scaling.py --model ${MODEL:-resnet18} --gpu-pct ${PCT:-40} --trials ${TRIALS:-48} \
       --trials-per-iter ${PER_ITER:-8} --setups ${SETUPS:-1x1,2x2,4x2} --no-single-process \
-      --results "$OUT/coordinator_scaling_${MODEL:-resnet18}_gpu${PCT:-40}.md" 2>&1 | tail -20
+      --results "$R/coordinator_scaling_${MODEL:-resnet18}_gpu${PCT:-40}.md" 2>&1 | tail -20
+    cp "$R"/coordinator_scaling_* "$OUT"/
     ;;
   share)
     # Issue 5's matrix; resumable across calls: the results dir travels back as a tarball.

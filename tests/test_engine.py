@@ -206,3 +206,26 @@ def test_a_hung_candidate_fails_alone_and_its_server_is_replaced(tmp_path):
         finally:
             runner.shutdown()
             pool.shutdown()
+
+
+def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(example_model, tmp_path):
+    """overlap on: the next task is searched while earlier batches are built and measured (two
+    batches in flight). The budget holds, no candidate is measured twice, every phase is timed."""
+    config = tmp_path / "overlap.yaml"
+    config.write_text("overlap: true\n")
+    out = tmp_path / "run"
+    tuned = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "12", "--trials-per-iter", "3",
+                    "--config", config, "--out", out, "--json")
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    report = json.loads(tuned.stdout)["report"]
+    phases = report["phases"]
+    assert phases["overlap"] is True
+    assert report["trials"]["measured"] == 12
+    lines = _record_lines(out / "records-cpu100")
+    assert len(lines) == 12
+    keys = [(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines]
+    assert len(set(keys)) == len(keys)
+    assert sum(task["trials"] for task in report["tasks"]) == 12
+    assert all(phases["total_s"][k] > 0 for k in ("search_s", "build_s", "run_s"))
+    # more than one task was tuned: the loop does not search a task whose batch is still in flight
+    assert sum(1 for task in report["tasks"] if task["trials"]) >= 2

@@ -27,11 +27,16 @@ class TuneConfig:
     overlap: bool | str = "auto"     # build batch N+1 while N is measured; auto: GPU, or CPU with spare cores
     min_repeat_ms: int = 20          # time evaluator: minimum time per measurement
     measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
-    # Evolutionary search. MetaSchedule's defaults (512, 4) cost the same per batch whatever the batch
-    # size: on 2 cores, 87% of a 32-trial run was search. None = 16 x trials_per_iter within 128..512
-    # and 3 generations: 3x less search for the same final latency (benchmarks/results/).
+    # Evolutionary search. MetaSchedule's defaults (population 512, 4 generations, 50 valid random
+    # samples first) cost the same per batch whatever the batch size: on 2 cores, 87% of a 32-trial
+    # CPU run was search, and on the H100 search was 55% of the wall. For CUDA most of it is
+    # sampling: ~97% of random ResNet-18 conv schedules fail VerifyGPUCode, so collecting 50 valid
+    # ones takes ~6 rounds of the population. None = 8 x trials_per_iter within 128..512, 2
+    # generations and max(16, trials_per_iter) valid samples (<= 50): a ResNet-18 conv batch of 16
+    # searched in 11-13 s instead of 36-43 s (2 cores, benchmarks/results/h100-resnet18-gpu40-tuning-time).
     search_population: int | None = None
-    search_genetic_iters: int = 3
+    search_genetic_iters: int = 2
+    search_init_samples: int | None = None
     # Faults and security (README "Security"): no runner server of the share reachable for this long
     # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
     servers_gone_timeout_s: float = 120.0
@@ -42,13 +47,19 @@ class TuneConfig:
     def population(self) -> int:
         if self.search_population is not None:
             return self.search_population
-        return min(512, max(128, 16 * self.trials_per_iter))
+        return min(512, max(128, 8 * self.trials_per_iter))
+
+    @property
+    def init_samples(self) -> int:
+        if self.search_init_samples is not None:
+            return self.search_init_samples
+        return min(50, max(16, self.trials_per_iter))
 
     def __post_init__(self):
         for name in ("trials", "trials_per_iter", "servers", "measure_repeats", "search_population",
-                     "search_genetic_iters", "min_repeat_ms"):
+                     "search_genetic_iters", "search_init_samples", "min_repeat_ms"):
             value = getattr(self, name)
-            if value is None and name == "search_population":
+            if value is None and name in ("search_population", "search_init_samples"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TunekitError(f"{name} must be a positive integer, got {value!r}")

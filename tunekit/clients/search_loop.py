@@ -3,8 +3,9 @@
 `ms.tune_tasks` runs search -> build -> measure strictly in turn and re-measures candidates the
 database already holds on resume. This loop drives the same TuneContexts (evolutionary search,
 XGBoost cost model, database) but:
-- overlaps: while batch N is measured on the servers, batch N+1 (another task) is searched and
-  built; it only does so when the builders do not share cores with the share being measured;
+- pipelines: while batch N is built (on the build pool) and measured (on the servers), batch N+1
+  (another task) is searched; it only does so when the builders do not share cores with the
+  share being measured;
 - never measures a candidate twice: a candidate whose trace is already in the database (this run
   or a run being resumed) is answered from the record;
 - commits every measured trial to the database as it completes;
@@ -13,6 +14,8 @@ XGBoost cost model, database) but:
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -32,11 +35,11 @@ log = logging.getLogger("tunekit.search")
 
 @dataclass
 class PhaseTimes:
-    search_s: float = 0.0  # generating candidates (evolutionary search + cost model)
-    build_s: float = 0.0   # main thread inside the builder (parallel workers)
+    search_s: float = 0.0  # generating candidates (evolutionary search + cost model), main thread
+    build_s: float = 0.0   # the stage thread building batches (parallel workers); overlaps search
     load_s: float = 0.0    # summed over candidates: upload + dlopen on the server
     run_s: float = 0.0     # summed over candidates: argument fill + timing on the server
-    wait_s: float = 0.0    # main thread blocked on measurements
+    wait_s: float = 0.0    # main thread blocked on a batch (its build or its measurements)
     update_s: float = 0.0  # database commits, cost-model training, search-state updates
 
     def as_dict(self, wall_s: float, trials: int) -> dict:
@@ -80,6 +83,16 @@ class _Task:
         # batch, so trials go to the heavy kernels first instead of round-robin from the first task.
         latency = self.effective_us if self.effective_us is not None else float("inf")
         return self.weight * latency * (0.5 ** self.stale_batches)
+
+
+@dataclass
+class _Batch:
+    task: _Task
+    candidates: list
+    keys: list[str]
+    fresh: list[int]   # indices of candidates to build and measure
+    cached: list[int]  # indices of candidates already in the database (answered from the record)
+    staged: concurrent.futures.Future | None = None  # -> (build results, run futures by slot, build s)
 
 
 @dataclass
@@ -150,7 +163,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
     if task_budgets is not None:
         task_budgets = [task_budgets[i] for i in keep]
     strategy = ms.search_strategy.EvolutionarySearch(population_size=config.population,
-                                                     genetic_num_iters=config.search_genetic_iters)
+                                                     genetic_num_iters=config.search_genetic_iters,
+                                                     init_min_unmeasured=config.init_samples)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         extracted_tasks, work_dir, strategy=strategy, num_threads=search_threads, seed=config.seed)
     known = _records_by_workload(database)
@@ -180,12 +194,12 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
     if measure_untuned:
         _measure_untuned(tasks, target, builder, runner, device_type, phases)
 
-    def pick(exclude: int | None) -> _Task | None:
-        open_tasks = [t for t in tasks if not t.exhausted and t.index != exclude and t.measured < t.cap]
+    def pick(busy: set[int]) -> _Task | None:
+        open_tasks = [t for t in tasks if not t.exhausted and t.index not in busy and t.measured < t.cap]
         if open_tasks or pool is None:
             return max(open_tasks, key=_Task.score, default=None)
         # Every task spent its budget: the best one that still improves asks the pool for more.
-        hopeful = [t for t in tasks if not t.exhausted and t.index != exclude
+        hopeful = [t for t in tasks if not t.exhausted and t.index not in busy
                    and (t.stale_batches == 0 or not improving_only)]
         best = max(hopeful, key=_Task.score, default=None)
         if best is not None:
@@ -200,8 +214,9 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
             pool.release(task.cap - task.measured)
             task.cap = task.measured
 
-    def launch(task: _Task, remaining: int):
-        """Search + build one batch of `task`; hand it to the runner (which measures in the background)."""
+    def propose(task: _Task, remaining: int) -> _Batch | None:
+        """Search: one batch of candidates for `task` (main thread; MetaSchedule's C++ search
+        releases the GIL, so the stage thread keeps building and measuring meanwhile)."""
         t = time.perf_counter()
         candidates = task.ctx.generate_measure_candidates()
         if not candidates:
@@ -213,20 +228,27 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
         fresh = [j for j, k in enumerate(keys) if k not in task.seen][:remaining]
         cached = [j for j, k in enumerate(keys) if k in task.seen]
         phases.search_s += time.perf_counter() - t
+        return _Batch(task, candidates, keys, fresh, cached)
+
+    def build_and_submit(batch: _Batch):
+        """Stage thread: build the batch's fresh candidates, hand the built ones to the runner."""
         t = time.perf_counter()
-        build_results = builder.build([BuilderInput(candidates[j].sch.mod, target) for j in fresh]) if fresh else []
-        phases.build_s += time.perf_counter() - t
+        build_results = builder.build([BuilderInput(batch.candidates[j].sch.mod, target) for j in batch.fresh]) \
+            if batch.fresh else []
+        build_s = time.perf_counter() - t
         inputs, input_slots = [], []
-        for slot, (j, built) in enumerate(zip(fresh, build_results)):
+        for slot, (j, built) in enumerate(zip(batch.fresh, build_results)):
             if built.error_msg is None:
-                inputs.append(RunnerInput(built.artifact_path, device_type, candidates[j].args_info))
+                inputs.append(RunnerInput(built.artifact_path, device_type, batch.candidates[j].args_info))
                 input_slots.append(slot)
         futures = runner.run(inputs) if inputs else []
-        return task, candidates, keys, fresh, cached, build_results, dict(zip(input_slots, futures))
+        return build_results, dict(zip(input_slots, futures)), build_s
 
-    def join(batch) -> int:
-        task, candidates, keys, fresh, cached, build_results, futures = batch
+    def join(batch: _Batch) -> int:
+        task, candidates, keys, fresh, cached = batch.task, batch.candidates, batch.keys, batch.fresh, batch.cached
         t = time.perf_counter()
+        build_results, futures, build_s = batch.staged.result() if batch.staged is not None else ([], {}, 0.0)
+        phases.build_s += build_s
         run_results = []
         for slot, built in enumerate(build_results):
             if slot in futures:
@@ -282,37 +304,48 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
                              if task.best_us else task.name[:28])
         return len(fresh)
 
+    # Batches go through three stages: search (this thread), build (the stage thread, on the
+    # build pool) and measure (the runner's sessions). With overlap, the next task is searched
+    # while earlier batches are built and measured, so the wall tends to the slowest stage
+    # instead of their sum; without it (CPU builders sharing the measured cores) one at a time.
+    depth = 2 if overlap else 1
+    stage = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-build")
+    in_flight: collections.deque[_Batch] = collections.deque()
     done = 0
-    in_flight = None
     idle_rounds = 0
     exhausted = False
-    while True:
-        if stop_requested():
-            exhausted = True  # Ctrl-C: launch nothing more, still collect the batch in flight
-        remaining = budget - done - (len(in_flight[3]) if in_flight else 0)
-        if task_budgets is not None:
-            remaining = 1  # per-task budgets: the task's own cap limits the batch (below)
-        task = pick(in_flight[0].index if in_flight else None) if remaining > 0 and not exhausted else None
-        if task is not None and (overlap or in_flight is None):
-            batch = launch(task, min(remaining, task.cap - task.measured) if task_budgets is None
-                           else task.cap - task.measured)
-            if batch is not None and not batch[3] and batch[4]:
-                # All candidates were known: no trial spent, but the search must hear back.
-                join(batch)
-                idle_rounds += 1
-                # Every task keeps proposing known candidates: the space is exhausted. Stop
-                # launching, but still collect the batch in flight.
-                exhausted = idle_rounds > 4 * len(tasks)
+    try:
+        while True:
+            if stop_requested():
+                exhausted = True  # Ctrl-C: launch nothing more, still collect the batches in flight
+            remaining = budget - done - sum(len(b.fresh) for b in in_flight)
+            if task_budgets is not None:
+                remaining = 1  # per-task budgets: the task's own cap limits the batch (below)
+            task = None
+            if remaining > 0 and not exhausted and len(in_flight) < depth:
+                task = pick({b.task.index for b in in_flight})
+            if task is not None:
+                batch = propose(task, min(remaining, task.cap - task.measured) if task_budgets is None
+                                else task.cap - task.measured)
+                if batch is None:
+                    continue
+                if not batch.fresh and batch.cached:
+                    # All candidates were known: no trial spent, but the search must hear back.
+                    join(batch)
+                    idle_rounds += 1
+                    # Every task keeps proposing known candidates: the space is exhausted. Stop
+                    # launching, but still collect the batches in flight.
+                    exhausted = idle_rounds > 4 * len(tasks)
+                    continue
+                idle_rounds = 0
+                batch.staged = stage.submit(build_and_submit, batch)
+                in_flight.append(batch)
                 continue
-            idle_rounds = 0
-            if in_flight is not None:
-                done += join(in_flight)
-            in_flight = batch
-            continue
-        if in_flight is None:
-            break
-        done += join(in_flight)
-        in_flight = None
+            if not in_flight:
+                break
+            done += join(in_flight.popleft())
+    finally:
+        stage.shutdown(wait=not in_flight, cancel_futures=True)
     for task in tasks:
         task.ctx.post_tuning()
         if not stop_requested():
