@@ -38,6 +38,10 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
     if proc.returncode != 0:
         return {"label": label, "error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "failed"}
     report = json.loads(proc.stdout)["report"]
+    if args.keep_reports:  # the whole report (fleet placement, per-client phases) beside the table
+        os.makedirs(args.keep_reports, exist_ok=True)
+        with open(os.path.join(args.keep_reports, label.replace(" ", "").replace("(s)", "") + ".json"), "w") as fh:
+            json.dump(report, fh, indent=1)
     return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
             "tuning_wall_s": report["tuning_wall_s"], "process_wall_s": round(time.time() - started, 1),
             "trials": report["trials"]["measured"], "failed": report["trials"]["failed"],
@@ -76,6 +80,7 @@ def main() -> None:
     parser.add_argument("--setups", default="1x1,2x1,4x1,2x2",
                         help="CLIENTSxSERVERS[xGPUS] list through Ray (the first is the reference); "
                              "servers are per GPU, GPUS uses devices 0..GPUS-1")
+    parser.add_argument("--keep-reports", help="copy each setup's report.json into this folder")
     parser.add_argument("--no-single-process", action="store_true", help="skip the no-Ray reference run")
     parser.add_argument("--results", help="write the table here (Markdown; a .json beside it)")
     args = parser.parse_args()

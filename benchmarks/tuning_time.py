@@ -84,8 +84,9 @@ def table(reports: dict) -> str:
         lines.append(f"| {label} | {fmt.format(a) if a is not None else ''} | {fmt.format(b) if b is not None else ''} | {ratio} |")
     if fast and fast.get("phases", {}).get("per_trial_s"):
         per = fast["phases"]["per_trial_s"]
-        lines += ["", "tunekit seconds per trial by phase (load and run are summed over candidates, in the "
-                  "background; wait is the loop blocked on them):", "",
+        lines += ["", "tunekit seconds per trial by phase (search is the loop's thread; build is the stage thread, "
+                  "overlapping search; load and run are summed over candidates on the servers; wait is the loop "
+                  "blocked on a batch's build or measurements):", "",
                   "| " + " | ".join(per) + " | overhead fraction |",
                   "|" + " ---: |" * (len(per) + 1),
                   "| " + " | ".join(f"{v:.4f}" for v in per.values()) + f" | {fast['phases']['overhead_fraction']} |"]

@@ -176,6 +176,28 @@ def test_two_shares_in_one_run_get_two_databases_with_different_bests(example_mo
     assert report["tasks_whose_best_differs"] >= 1
 
 
+def test_fleets_off_loopback_listen_on_the_node_address_and_demand_the_secret(example_model, tmp_path):
+    """On a cluster of several machines (or with --listen-host), fleets listen on their node's IP
+    and every client must prove the shared secret; without one the run is refused up front."""
+    import ray
+
+    refused = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--trials", "4",
+                      "--listen-host", "0.0.0.0", "--out", tmp_path / "refused")
+    assert refused.returncode != 0 and "secret" in refused.stderr and "Traceback" not in refused.stderr
+    assert not os.path.exists(tmp_path / "refused" / "records-cpu50")
+    secret = "coordinator-test-secret-0123456789abcdef"
+    (tmp_path / "secret").write_text(secret + "\n")
+    os.chmod(tmp_path / "secret", 0o600)
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--trials", "6", "--trials-per-iter",
+                   "3", "--listen-host", "0.0.0.0", "--rpc-secret-file", tmp_path / "secret",
+                   "--out", tmp_path / "net", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert {f["host"] for f in report["coordinator"]["fleets"]} == {ray.util.get_node_ip_address()}
+    assert report["trials"]["measured"] == 6 and report["trials"]["failed"] == 0
+    assert secret not in proc.stdout + proc.stderr  # never logged
+
+
 def tvm_hash(mod):
     import tvm_ffi
 

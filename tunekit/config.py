@@ -29,13 +29,16 @@ class TuneConfig:
     measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
     # Evolutionary search. MetaSchedule's defaults (population 512, 4 generations, 50 valid random
     # samples first) cost the same per batch whatever the batch size: on 2 cores, 87% of a 32-trial
-    # CPU run was search, and on the H100 search was 55% of the wall. For CUDA most of it is
-    # sampling: ~97% of random ResNet-18 conv schedules fail VerifyGPUCode, so collecting 50 valid
-    # ones takes ~6 rounds of the population. None = 8 x trials_per_iter within 128..512, 2
-    # generations and max(16, trials_per_iter) valid samples (<= 50): a ResNet-18 conv batch of 16
-    # searched in 11-13 s instead of 36-43 s (2 cores, benchmarks/results/h100-resnet18-gpu40-tuning-time).
+    # CPU run was search, and on the H100 search was 55% of the wall. Population None = 8 x
+    # trials_per_iter within 128..512. Generations and valid samples None = by target:
+    # - CUDA: 2 and max(16, trials_per_iter) (<= 50). ~97% of random ResNet-18 conv schedules fail
+    #   VerifyGPUCode, so collecting 50 valid ones took ~6 rounds of the population: a conv batch of
+    #   16 now searches in 8-13 s instead of 30-38 s (2 cores, benchmarks/search_cost.py), and on the H100 search fell from
+    #   0.77 to 0.26 s/trial with a faster tuned model (benchmarks/results/h100-resnet18-gpu40-tuning-time).
+    # - CPU: 3 and 50. Sampling rarely fails there, and 2 generations gave slower tuned models
+    #   on the 2-core machine (0.77 and 1.21 ms against 0.64 ms for tiny_cnn at cpu50, 32 trials).
     search_population: int | None = None
-    search_genetic_iters: int = 2
+    search_genetic_iters: int | None = None
     search_init_samples: int | None = None
     # Faults and security (README "Security"): no runner server of the share reachable for this long
     # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
@@ -49,17 +52,21 @@ class TuneConfig:
             return self.search_population
         return min(512, max(128, 8 * self.trials_per_iter))
 
-    @property
-    def init_samples(self) -> int:
+    def genetic_iters_for(self, target_kind: str) -> int:
+        if self.search_genetic_iters is not None:
+            return self.search_genetic_iters
+        return 2 if target_kind == "cuda" else 3
+
+    def init_samples_for(self, target_kind: str) -> int:
         if self.search_init_samples is not None:
             return self.search_init_samples
-        return min(50, max(16, self.trials_per_iter))
+        return min(50, max(16, self.trials_per_iter)) if target_kind == "cuda" else 50
 
     def __post_init__(self):
         for name in ("trials", "trials_per_iter", "servers", "measure_repeats", "search_population",
                      "search_genetic_iters", "search_init_samples", "min_repeat_ms"):
             value = getattr(self, name)
-            if value is None and name in ("search_population", "search_init_samples"):
+            if value is None and name in ("search_population", "search_genetic_iters", "search_init_samples"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TunekitError(f"{name} must be a positive integer, got {value!r}")

@@ -163,8 +163,8 @@ def run_search(*, extracted_tasks, target, database, builder, runner, cost_model
     if task_budgets is not None:
         task_budgets = [task_budgets[i] for i in keep]
     strategy = ms.search_strategy.EvolutionarySearch(population_size=config.population,
-                                                     genetic_num_iters=config.search_genetic_iters,
-                                                     init_min_unmeasured=config.init_samples)
+                                                     genetic_num_iters=config.genetic_iters_for(target.kind.name),
+                                                     init_min_unmeasured=config.init_samples_for(target.kind.name))
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         extracted_tasks, work_dir, strategy=strategy, num_threads=search_threads, seed=config.seed)
     known = _records_by_workload(database)

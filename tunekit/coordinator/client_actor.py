@@ -27,8 +27,9 @@ def _tasks_from_json(task_specs: list[dict], target):
 class TuningClientImpl:
     def __init__(self, *, client_id: int, share_label: str, target: dict, config: dict, work_dir: str,
                  shard_dir: str, known_dir: str | None, fleets: list[dict], build_workers: int,
-                 build_cores: list[int] | None = None, shared_servers: bool = True):
+                 build_cores: list[int] | None = None, shared_servers: bool = True, rpc_secret: bytes | None = None):
         self.client_id = client_id
+        self.rpc_secret = rpc_secret  # what the fleets' servers demand (a file path may not exist on this node)
         self.share_label = share_label
         self.target_spec = target
         self.config_dict = config
@@ -83,7 +84,8 @@ class TuningClientImpl:
                                                       # configured timeout (was: RunnerConfig's 120 s)
                                                       servers_gone_timeout_s=self.config.servers_gone_timeout_s,
                                                       min_repeat_ms=self.config.min_repeat_ms,
-                                                      label=self.share_label, release_idle_sessions=self.shared),
+                                                      label=self.share_label, release_idle_sessions=self.shared,
+                                                      secret=self.rpc_secret),
                                          on_hang=on_hang))
         self.runner = FanoutRunner(runners)
         self.database = open_database(self.shard_dir)

@@ -87,6 +87,11 @@ class Coordinator:
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.mps_actors: dict[str, object] = {}
         self.faults = {"client_deaths": 0, "client_restarts": 0}
+        from ..servers.fleet import listen_secret
+
+        # Checked before Ray starts: an off-loopback --listen-host without a secret is refused.
+        self.rpc_secret = listen_secret(listen_host=config.listen_host, secret_file=config.rpc_secret_file,
+                                        server_mode=config.server_mode, engine=config.engine)
 
     # ---------------------------------------------------------------- Ray
     def _devices(self, ray) -> list[tuple[str, int | None]]:
@@ -123,11 +128,28 @@ class Coordinator:
             self.mps_actors[node_id] = mps_class.options(scheduling_strategy=node_affinity(node_id)).remote()
         return ray.get(self.mps_actors[node_id].env.remote())
 
+    def _listen_host(self, ray) -> str:
+        """Where fleets listen. Loopback while the whole cluster is this machine (the default, and
+        `ray.cluster_utils.Cluster`); on several machines each fleet listens on its node's IP, so
+        clients on other nodes reach it, and only with the RPC secret (README "Security")."""
+        from ..servers.fleet import is_loopback
+        from .fleet_actor import NODE_ADDRESS
+
+        machines = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
+        if len(machines) <= 1 and is_loopback(self.config.listen_host):
+            return self.config.listen_host
+        if self.rpc_secret is None:
+            raise TunekitError(f"this Ray cluster spans {len(machines)} machines, so runner servers must listen on "
+                               "each node's address; that needs a shared secret: pass --rpc-secret-file FILE or set "
+                               "TUNEKIT_RPC_SECRET (README: Security)")
+        return NODE_ADDRESS
+
     def _start_fleets(self, ray, group: list[_ShareRun]) -> None:
         from .fleet_actor import actor_classes, node_affinity
 
         fleet_class, _ = actor_classes()
         devices = self._devices(ray)
+        listen_host = self._listen_host(ray)
         core_sets, overlapped = planning.cpu_slots([r.share for r in group], servers=self.config.servers)
         if overlapped and self.kind == "cpu":
             log.warning("not enough cores for disjoint servers of %s: some servers share cores",
@@ -142,7 +164,7 @@ class Coordinator:
                 actor = fleet_class.options(**options).remote(
                     share_kind=run.share.kind, pct=run.share.pct, key=f"tunekit-{run.share.label}-{node_id[:6]}",
                     device=device, core_sets=core_sets[run.share.label], servers=self.config.servers,
-                    server_mode=self.config.server_mode,
+                    server_mode=self.config.server_mode, host=listen_host, secret=self.rpc_secret,
                     mps_env=self._mps_env(ray, node_id) if device is not None else None)
                 run.fleets.append(actor)
                 pending.append((run, actor, actor.start.remote()))
@@ -163,7 +185,7 @@ class Coordinator:
             client_id=shard, share_label=run.share.label, target=run.target.export(),
             config=dataclasses.asdict(self.config), work_dir=os.path.join(self.out, "work", run.share.label),
             shard_dir=self._shard_dir(run, shard), known_dir=run.db_dir if os.path.isdir(run.db_dir) else None,
-            fleets=run.addresses, build_workers=max(1, cpus // total_clients))
+            fleets=run.addresses, build_workers=max(1, cpus // total_clients), rpc_secret=self.rpc_secret)
         run.clients[shard] = actor
         return actor
 

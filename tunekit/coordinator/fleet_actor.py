@@ -18,18 +18,30 @@ from ..shares.pinning import PinnedEnv, pinned_env
 from ..shares.share import Share
 
 
+NODE_ADDRESS = "node"  # listen on the address other nodes reach this one at (Ray's node IP)
+
+
 class ShareFleetImpl:
     def __init__(self, *, share_kind: str, pct: int, key: str, device: int | None, core_sets: list[list[int]],
-                 servers: int, server_mode: str = "warm", mps_env: dict | None = None, host: str = "127.0.0.1"):
+                 servers: int, server_mode: str = "warm", mps_env: dict | None = None, host: str = "127.0.0.1",
+                 secret: bytes | None = None):
+        """`host`: 127.0.0.1 when every client is on this machine; NODE_ADDRESS on a cluster of
+        several machines (the tracker and servers then listen on this node's IP, which the servers
+        also give the tracker, and demand `secret` from every client)."""
+        if host == NODE_ADDRESS:
+            import ray
+
+            host = ray.util.get_node_ip_address()
         self.share = Share(share_kind, pct)
         self.key = key
         self.fleets: list[RunnerFleet] = []
-        config = FleetConfig(servers=1, server_mode=server_mode, host=host)
+        config = FleetConfig(servers=1, server_mode=server_mode, host=host, secret=secret)
         if share_kind == "gpu":
             pinned = pinned_env(self.share, mps_env=mps_env or {})
             pinned.env["CUDA_VISIBLE_DEVICES"] = str(device)
             self.fleets.append(RunnerFleet(key=f"{key}-gpu{device}", pinned=pinned,
-                                           config=FleetConfig(servers=servers, server_mode=server_mode, host=host)))
+                                           config=FleetConfig(servers=servers, server_mode=server_mode, host=host,
+                                                              secret=secret)))
         else:
             for j, cores in enumerate(core_sets):
                 env = {"TVM_NUM_THREADS": str(len(cores)), "OMP_NUM_THREADS": str(len(cores))}
@@ -43,7 +55,7 @@ class ShareFleetImpl:
         return self.addresses()
 
     def addresses(self) -> list[dict]:
-        return [{"host": f.config.host, "port": f.tracker_port, "key": f.key, "sessions": f.config.servers,
+        return [{"host": f.config.connect_host, "port": f.tracker_port, "key": f.key, "sessions": f.config.servers,
                  "cores": f.pinned.cores} for f in self.fleets]
 
     def stop_server_on_port(self, port: int) -> bool:
