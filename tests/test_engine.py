@@ -229,3 +229,32 @@ def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(exampl
     assert all(phases["total_s"][k] > 0 for k in ("search_s", "build_s", "run_s"))
     # more than one task was tuned: the loop does not search a task whose batch is still in flight
     assert sum(1 for task in report["tasks"] if task["trials"]) >= 2
+
+
+def _take_module(rows=4, cols=8, n=256):
+    table = te.placeholder((rows, cols), name="table")
+    index = te.placeholder((n,), dtype="int64", name="index")
+    out = te.compute((n, cols), lambda i, j: table[index[i], j], name="out")
+    return tvm.IRModule({"main": te.create_prim_func([table, index, out])})
+
+
+def test_index_arguments_are_filled_in_range_so_a_take_kernel_measures(tmp_path):
+    """An embedding lookup (take/gather) reads its table at the index argument's values: random
+    int64 values read far outside the table and kill the server. The runner fills integer
+    arguments with zeros, so such a candidate measures like any other."""
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
+    target = tvm.target.Target({"kind": "llvm"})
+    mod = _take_module()
+    with RunnerFleet(key="t-take", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
+        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
+                                            candidate_timeout_s=60))
+        try:
+            built = pool.build([BuilderInput(mod, target)] * 2)
+            futures = runner.run([RunnerInput(b.artifact_path, "cpu", ArgInfo.from_prim_func(mod["main"]))
+                                  for b in built])
+            results = [f.result() for f in futures]
+            assert all(r.error_msg is None and min(r.run_secs) > 0 for r in results), [r.error_msg for r in results]
+            assert runner.server_losses == 0 and runner.retried == 0 and fleet.restarts == 0
+        finally:
+            runner.shutdown()
+            pool.shutdown()

@@ -136,6 +136,8 @@ def test_removing_a_whole_ray_node_mid_run_keeps_every_trial(example_model, tmp_
     assert killed, "the node was not removed: the test did not test anything"
     report = result.report
     assert len({f["key"] for f in report["coordinator"]["fleets"]}) == 2  # a fleet was on the lost node
+    assert [f["lost"] for f in report["coordinator"]["fleets"]].count(True) == 1
+    assert report["faults"]["fleets_lost"] == 1
     after = _trace_keys(report["records_dir"])
     assert set(snapshot) <= set(after), f"{len(set(snapshot) - set(after))} trials recorded before the kill lost"
     assert len(after) == len(set(after)), "a trace was measured twice"

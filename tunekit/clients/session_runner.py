@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
@@ -429,7 +430,13 @@ class SessionRunner(PyRunner):
         for info in runner_input.args_info:
             _kind, dtype, shape = info.as_json()
             tensor = tvm.runtime.empty(shape=shape, dtype=dtype, device=device)
-            random_fill(tensor)
+            if str(dtype).startswith(("int", "uint")):
+                # Integer arguments are often indices (take/gather of an embedding): random values
+                # are out of range, the kernel reads far outside its table and takes the server's
+                # process (or CUDA context) down. Zero is a valid index into any non-empty table.
+                tensor.copyfrom(np.zeros(shape, dtype=dtype))
+            else:
+                random_fill(tensor)
             args.append(tensor)
         evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=self.config.number,
                                           repeat=self.config.repeat, min_repeat_ms=self.config.min_repeat_ms,

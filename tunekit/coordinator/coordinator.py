@@ -53,6 +53,7 @@ class _ShareRun:
     client_restarts: int = 0
     client_deaths: int = 0
     fleet_faults: dict = field(default_factory=dict)
+    lost_fleets: set = field(default_factory=set)      # fleet actors found dead (their node was lost)
     untuned: dict | None = None
     started: float = 0.0
     wall_s: float = 0.0
@@ -185,7 +186,7 @@ class Coordinator:
             client_id=shard, share_label=run.share.label, target=run.target.export(),
             config=dataclasses.asdict(self.config), work_dir=os.path.join(self.out, "work", run.share.label),
             shard_dir=self._shard_dir(run, shard), known_dir=run.db_dir if os.path.isdir(run.db_dir) else None,
-            fleets=run.addresses, build_workers=max(1, cpus // total_clients), rpc_secret=self.rpc_secret)
+            fleets=self._live_addresses(run), build_workers=max(1, cpus // total_clients), rpc_secret=self.rpc_secret)
         run.clients[shard] = actor
         return actor
 
@@ -238,10 +239,11 @@ class Coordinator:
                                 shard, run.share.label, _short(exc))
                     self.faults["client_restarts"] += 1
                     run.client_restarts += 1
+                    self._drop_lost_fleets(ray, run)  # a client lost with its node may have taken a fleet along
                     self._start_client(ray, run, shard, total_clients)
                     pending[self._shard_call(run, shard, resume=True)] = (run, shard)
                 except ray.exceptions.RayTaskError as exc:
-                    log.debug("tuning client %d of %s failed:\n%s", shard, run.share.label, exc); import sys; print(exc, file=sys.stderr)
+                    log.debug("tuning client %d of %s failed:\n%s", shard, run.share.label, exc)
                     raise TunekitError(f"tuning client {shard} of {run.share.label} failed: {_short(exc)}") from None
             if progress is not None:
                 measured = sum(ray.get(run.pool.status.remote())["measured"] for run in group)
@@ -250,6 +252,22 @@ class Coordinator:
         for run in group:
             self._spend_leftover(ray, run)
             run.wall_s = time.time() - run.started
+
+    def _drop_lost_fleets(self, ray, run: _ShareRun) -> None:
+        """Mark fleets whose actor is gone, so a restarted client does not wait
+        `servers_gone_timeout_s` on them; they count as `faults.fleets_lost`."""
+        for address in run.addresses:
+            try:
+                ray.get(address["actor"].restarts.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                run.lost_fleets.add(address["actor"]._actor_id.hex())
+            except Exception:  # slow, not dead: keep it
+                pass
+
+    @staticmethod
+    def _live_addresses(run: _ShareRun) -> list:
+        live = [a for a in run.addresses if a["actor"]._actor_id.hex() not in run.lost_fleets]
+        return live or run.addresses  # none left: the client reports "servers gone" itself
 
     def _spend_leftover(self, ray, run: _ShareRun) -> None:
         """Trials released after every other client had finished: give them to clients whose tasks
@@ -358,6 +376,8 @@ class Coordinator:
                     for key, value in ray.get(fleet.fault_counts.remote(), timeout=10).items():
                         run.fleet_faults[key] = run.fleet_faults.get(key, 0) + value
                     ray.get(fleet.stop.remote(), timeout=60)
+                except ray.exceptions.RayActorError:
+                    run.lost_fleets.add(fleet._actor_id.hex())
                 except Exception:
                     pass
                 ray.kill(fleet)
@@ -420,7 +440,8 @@ class Coordinator:
             "artifact": artifact, "environment": {**api._environment(run.environment_session), **cluster.describe()},
             "config": dataclasses.asdict(self.config),
             "coordinator": {"clients": len(run.outcomes), "servers_per_device": self.config.servers,
-                            "fleets": [{k: v for k, v in a.items() if k != "actor"} for a in run.addresses],
+                            "fleets": [{**{k: v for k, v in a.items() if k != "actor"},
+                                        "lost": a["actor"]._actor_id.hex() in run.lost_fleets} for a in run.addresses],
                             "shards": [{"client": s, "tasks": [p.name for p in run.plans if p.client == s],
                                         "budget": sum(p.budget for p in run.plans if p.client == s),
                                         "estimated_cost": sum(p.cost for p in run.plans if p.client == s),
@@ -431,6 +452,7 @@ class Coordinator:
                             "client_restarts": run.client_restarts},
             "faults": {**run.fleet_faults, **_sum_dicts([o.get("runner_faults", {}) for o in run.outcomes.values()]),
                        "client_deaths": run.client_deaths, "client_restarts": run.client_restarts,
+                       "fleets_lost": len(run.lost_fleets),
                        "records_repaired_bytes": repaired_bytes(run.db_dir)},
         }
         report_path = write_report(report, self.out) if len(self.shares) == 1 else _write_share_report(report, self.out)
