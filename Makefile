@@ -6,10 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-gpu bench clean
 
+# torch is optional: the CPU build goes into its own folder, which only the tests of the torch path
+# see (tests/conftest.py). In the venv, `import tvm` would import it in every server and worker.
+# `+cpu` matches only the CPU wheel (never PyPI's CUDA build); without it those tests are skipped.
+TORCH_SITE := .torchsite
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	-$(BIN)/pip install -q --target $(TORCH_SITE) 'torch==2.13.0+cpu'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -28,4 +34,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/tuning_time.py
 
 clean:
-	rm -rf tunekit-out .pytest_cache
+	rm -rf tunekit-out .pytest_cache $(TORCH_SITE)

@@ -5,11 +5,10 @@ MetaScheduleApplyDatabase replaced it with a record, with the record's measured 
 """
 import sys
 
-from tunekit import api
 from tunekit.clients.compiler import apply_records
 from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
 from tunekit.records.database import find_share_databases, open_database, summarize
-from tunekit.shares.mps import gpu_name
+from tunekit.run.session import load_model
 from tunekit.shares.share import Share
 from tunekit.targets import target_for
 
@@ -18,10 +17,9 @@ def main():
     model, out = sys.argv[1], sys.argv[2]
     dbs = find_share_databases(out)
     label = sys.argv[3] if len(sys.argv) > 3 else next(iter(dbs))
-    share = Share(label[:3], int(label[3:]))
-    target = target_for(share, gpu_name=gpu_name() if share.kind == "gpu" else None)
-    _, _, mod = api._load_model(model, {})
-    prepared = prepare_for_tuning(mod, target)
+    share = Share.from_label(label)
+    target = target_for(share)
+    prepared = prepare_for_tuning(load_model(model).mod, target)
     names = [t.task_name for t in extract_tasks(prepared, target)]
     db = open_database(dbs[label], create=False)
     summary = summarize(dbs[label])

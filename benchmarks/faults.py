@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,20 +35,11 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from tunekit.testing import (alive_after, children_running, distinct, record_keys, record_lines,  # noqa: E402
+                             shard_dirs, tune_process, wait_for_records)
+
 PY = sys.executable
-
-
-def _records(db_dir):
-    path = os.path.join(db_dir, "database_tuning_record.json")
-    rows = []
-    if os.path.exists(path):
-        with open(path) as fh:
-            for line in fh:
-                try:
-                    rows.append(json.dumps(json.loads(line), sort_keys=True))
-                except ValueError:
-                    pass  # a line being written, or cut by a kill: not a finished trial
-    return rows
+WARM_SERVER = "tunekit.servers.warm_server"
 
 
 def _lost(before: list[str], after: list[str]) -> int:
@@ -57,79 +47,30 @@ def _lost(before: list[str], after: list[str]) -> int:
     return sum(1 for row in before if row not in present)
 
 
-def _duplicates(rows: list[str]) -> int:
-    keys = [(json.loads(r)[0], json.dumps(json.loads(r)[1][0], sort_keys=True)) for r in rows]
-    return len(keys) - len(set(keys))
+def _duplicates(db) -> int:
+    """Trials of `db` whose (workload, trace) is already in it: measured twice."""
+    keys = record_keys(db)
+    return len(keys) - len(distinct(keys))
 
 
 def _shard_rows(out):
     """Complete record lines of every client shard of a coordinated run, as (workload hash, trace)."""
-    root = os.path.join(out, "work", "shards", "cpu50")
-    keys = []
-    for dirpath, _, files in os.walk(root):
-        if "database_tuning_record.json" not in files:
-            continue
-        workloads = []
-        for line in open(os.path.join(dirpath, "database_workload.json")):
-            try:
-                workloads.append(json.loads(line)[0])
-            except ValueError:
-                workloads.append(None)
-        for line in open(os.path.join(dirpath, "database_tuning_record.json")):
-            try:
-                index, record = json.loads(line)
-                if workloads[index] is not None:
-                    keys.append((workloads[index], json.dumps(record[0], sort_keys=True)))
-            except (ValueError, IndexError):
-                pass
-    return keys
-
-
-def _db_keys(db):
-    """(workload hash, trace) of every complete record of a database."""
-    workloads = []
-    path = os.path.join(db, "database_workload.json")
-    if os.path.exists(path):
-        for line in open(path):
-            try:
-                workloads.append(json.loads(line)[0])
-            except ValueError:
-                workloads.append(None)
-    keys = []
-    for row in _records(db):
-        index, record = json.loads(row)
-        if index < len(workloads):
-            keys.append((workloads[index], json.dumps(record[0], sort_keys=True)))
-    return keys
+    return [k for shard in shard_dirs(out) for k in record_keys(shard)]
 
 
 def _tune(model, out, trials, *extra):
-    return subprocess.Popen([PY, "-m", "tunekit.cli", "tune", model, "--cpu-pct", "50", "--trials", str(trials),
-                             "--trials-per-iter", "4", "--out", out, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return tune_process(model, out, "--trials", trials, "--trials-per-iter", "4", *extra)
 
 
-def _wait_records(proc, db, n, timeout=900):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if len(_records(db)) >= n:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _warm_servers(pid):
-    found = []
+def _wait_records(proc, db, n, timeout=900) -> str | None:
+    """None once `db` holds `n` trials; else why not: the run ended first (with its stderr's tail, which
+    is then read), or the timeout passed (the run is then killed)."""
     try:
-        for kid in psutil.Process(pid).children(recursive=True):
-            try:
-                if "tunekit.servers.warm_server" in " ".join(kid.cmdline()):
-                    found.append(kid)
-            except psutil.Error:
-                pass
-    except psutil.Error:
-        pass
-    return found
+        if wait_for_records(proc, db, n, timeout=timeout):
+            return None
+        return f"fewer than {n} trials after {timeout} s: killed"
+    except AssertionError as exc:
+        return str(exc)
 
 
 # ---- kinds ----
@@ -137,69 +78,48 @@ def server_sigkill(model, root, n, trials):
     out = os.path.join(root, "server-sigkill")
     db = os.path.join(out, "records-cpu50")
     proc = _tune(model, out, trials, "--json")
-    snapshots = []
+    snapshots, ended = [], None
     for k in range(1, n + 1):
-        if not _wait_records(proc, db, k * trials // (n + 1)):
+        ended = _wait_records(proc, db, k * trials // (n + 1))
+        if ended:
             break
-        servers = _warm_servers(proc.pid)
+        servers = children_running(proc.pid, WARM_SERVER)
         if not servers:
             break
         servers[0].kill()
-        snapshots.append(_records(db))
+        snapshots.append(record_lines(db))
         # next kill only once the replacement took over (a kill of a server that is still starting
         # would test the servers-gone path instead)
         target = len(snapshots[-1]) + 1
-        _wait_records(proc, db, target)
+        ended = _wait_records(proc, db, target)
     stdout, stderr = proc.communicate(timeout=1800)
-    after = _records(db)
+    after = record_lines(db)
     faults = json.loads(stdout)["report"]["faults"] if proc.returncode == 0 else {}
     faults = {k: v for k, v in faults.items() if v}
     survived = min(len(snapshots), faults.get("server_restarts", 0)) if proc.returncode == 0 else 0
     return {"kind": "runner server SIGKILL (mid-run)", "injected": len(snapshots), "survived": survived,
-            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(after),
-            "note": f"rc {proc.returncode}; faults {faults}" if proc.returncode == 0 else stderr.strip()[-300:]}
+            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(db),
+            "note": f"rc {proc.returncode}; faults {faults}" if proc.returncode == 0
+            else (stderr.strip() or ended or "")[-300:]}
 
 
 def _runner_kind(root, n, bad_kind):
-    import tvm
-    from tvm import te
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-    from tvm.s_tir.meta_schedule.builder import BuilderInput
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
-    from tvm.script import tirx as T
-
     from tunekit.clients.build_pool import BuildPool
-    from tunekit.clients.session_runner import RunnerConfig, SessionRunner
-    from tunekit.servers.fleet import FleetConfig, RunnerFleet
-    from tunekit.shares.pinning import pinned_env
-    from tunekit.shares.share import Share
+    from tunekit.testing import add_one_module, build_inputs, crash_module, hang_module, local_fleet, session_runner
 
-    @T.prim_func
-    def hang(a: T.Buffer((1,), "float32")):
-        while T.float32(1) > T.float32(0):
-            a[0] = a[0] + T.float32(1)
-
-    @T.prim_func
-    def crash(a: T.Buffer((1,), "float32")):
-        T.evaluate(T.call_extern("int32", "abort"))
-        a[0] = T.float32(1)
-
-    a = te.placeholder((1024,), name="A")
-    good = tvm.IRModule({"main": te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])})
-    bad = tvm.IRModule({"main": hang if bad_kind == "hung" else crash})
-    target = tvm.target.Target({"kind": "llvm"})
+    good = add_one_module()
+    bad = hang_module() if bad_kind == "hung" else crash_module()
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=os.path.join(root, f"artifacts-{bad_kind}"))
-    mods = [m for _ in range(n) for m in (bad, good)]
-    built = pool.build([BuilderInput(m, target) for m in mods])
-    inputs = [RunnerInput(b.artifact_path, "cpu", ArgInfo.from_prim_func(m["main"])) for b, m in zip(built, mods)]
-    with RunnerFleet(key=f"bench-{bad_kind}", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
-        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
-                                            candidate_timeout_s=5), on_hang=fleet.stop_server_on_port)
+    try:
+        inputs = build_inputs(pool, [m for _ in range(n) for m in (bad, good)])
+    finally:
+        pool.shutdown()
+    with local_fleet(f"bench-{bad_kind}") as fleet:
+        runner = session_runner(fleet, candidate_timeout_s=5)
         try:
             results = [f.result() for f in runner.run(inputs)]
         finally:
             runner.shutdown()
-            pool.shutdown()
         counts = {k: v for k, v in {**runner.fault_counts(), **fleet.fault_counts()}.items() if v}
     bad_results, good_results = results[0::2], results[1::2]
     expect = "server was stopped" if bad_kind == "hung" else "died twice"
@@ -216,22 +136,24 @@ def tune_sigkill(model, root, n, trials):
     snapshots, survived, notes = [], 0, []
     for k in range(n):
         proc = _tune(model, out, trials, *(["--resume"] if k else []))
-        start = len(_records(db))
-        if not _wait_records(proc, db, start + max(2, trials // 2)):
-            notes.append(f"run {k} ended before the kill: {proc.communicate()[1].strip()[-200:]}")
+        start = len(record_lines(db))
+        ended = _wait_records(proc, db, start + max(2, trials // 2))
+        if ended:
+            proc.communicate()
+            notes.append(f"run {k} ended before the kill: {ended.strip()[-200:]}")
             continue
         tree = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
-        snapshots.append(_records(db))
-        _, alive = psutil.wait_procs(tree, timeout=15)
+        snapshots.append(record_lines(db))
+        alive = alive_after(tree, timeout=15)
         if alive:
             notes.append(f"{len(alive)} processes outlived the killed run")
             for p in alive:
                 p.kill()
     final = _tune(model, out, trials, "--resume", "--json")
     stdout, stderr = final.communicate(timeout=1800)
-    after = _records(db)
+    after = record_lines(db)
     if final.returncode == 0:
         report = json.loads(stdout)["report"]
         survived = len(snapshots)
@@ -240,7 +162,7 @@ def tune_sigkill(model, root, n, trials):
     else:
         notes.append(stderr.strip()[-300:])
     return {"kind": "`tunekit tune` SIGKILL + --resume", "injected": len(snapshots), "survived": survived,
-            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(after), "note": "; ".join(notes)}
+            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(db), "note": "; ".join(notes)}
 
 
 def servers_gone(model, root, n, trials):
@@ -249,35 +171,38 @@ def servers_gone(model, root, n, trials):
     snapshots, survived, notes = [], 0, []
     for k in range(n):
         proc = _tune(model, out, 400, "--servers-gone-timeout", "8", *(["--resume"] if k else []))
-        start = len(_records(db))
-        if not _wait_records(proc, db, start + 2):
-            notes.append(f"run {k} ended early: {proc.communicate()[1].strip()[-200:]}")
+        start = len(record_lines(db))
+        ended = _wait_records(proc, db, start + 2)
+        if ended:
+            proc.communicate()
+            notes.append(f"run {k} ended early: {ended.strip()[-200:]}")
             continue
         started = time.time()
         while proc.poll() is None and time.time() - started < 600:
-            for server in _warm_servers(proc.pid):
+            for server in children_running(proc.pid, WARM_SERVER):
                 try:
                     server.kill()
                 except psutil.Error:
                     pass
             time.sleep(0.05)
         _, stderr = proc.communicate()
-        snapshots.append(_records(db))
+        snapshots.append(record_lines(db))
         errors = [line for line in stderr.splitlines() if line.startswith("tunekit:")]
-        clean = (proc.returncode not in (0, 130) and len(errors) == 1 and "Traceback" not in stderr
+        # a runtime failure: exit code 1 (cli.common.EXIT_ERROR), not bad usage (2) or an interrupt (130)
+        clean = (proc.returncode == 1 and len(errors) == 1 and "Traceback" not in stderr
                  and "cpu50" in errors[0] and "servers_gone_timeout_s" in errors[0])
         survived += clean
         notes.append(f"stopped after {time.time() - started:.0f} s, rc {proc.returncode}")
     final = _tune(model, out, trials, "--resume", "--json")
     _, stderr = final.communicate(timeout=1800)
-    after = _records(db)
+    after = record_lines(db)
     if final.returncode != 0:
         survived = 0
         notes.append(stderr.strip()[-300:])
     else:
         notes.append("then --resume completed")
     return {"kind": "all servers of the share gone (> timeout)", "injected": len(snapshots), "survived": survived,
-            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(after),
+            "lost": sum(_lost(s, after) for s in snapshots), "duplicates": _duplicates(db),
             "note": "survived = clear one-line error, records kept; " + "; ".join(notes)}
 
 
@@ -301,7 +226,7 @@ def client_sigkill(model, root, n, trials):
         time.sleep(0.5)
         snapshots.append(_shard_rows(out))
     stdout, stderr = proc.communicate(timeout=1800)
-    after = _db_keys(db)
+    after = record_keys(db)
     faults = {k: v for k, v in (json.loads(stdout)["report"]["faults"] if proc.returncode == 0 else {}).items() if v}
     survived = min(len(snapshots), faults.get("client_restarts", 0)) if proc.returncode == 0 else 0
     return {"kind": "tuning client actor SIGKILL (Ray, --clients 2)", "injected": len(snapshots),
@@ -334,7 +259,7 @@ def coordinator_sigkill(model, root, n, trials):
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
         snapshots.append(_shard_rows(out))
-        _, alive = psutil.wait_procs(tree, timeout=60)
+        alive = alive_after(tree, timeout=60)
         if alive:
             orphans += len(alive)
             notes.append(f"{len(alive)} processes outlived the killed run: "
@@ -346,7 +271,7 @@ def coordinator_sigkill(model, root, n, trials):
                     pass
     final = _tune(model, out, trials, "--clients", "2", "--resume", "--json")
     stdout, stderr = final.communicate(timeout=1800)
-    after = _db_keys(db)
+    after = record_keys(db)
     survived = 0
     if final.returncode == 0:
         report = json.loads(stdout)["report"]
@@ -368,9 +293,8 @@ def node_kill(model, root, n, trials):
     import ray
     from ray.cluster_utils import Cluster
 
-    from tunekit import api
+    from tunekit import CoordinatorConfig, api
     from tunekit.config import TuneConfig
-    from tunekit.coordinator.coordinator import CoordinatorConfig
 
     injected = survived = lost = duplicates = 0
     notes = []
@@ -399,12 +323,12 @@ def node_kill(model, root, n, trials):
                               config=TuneConfig(trials=trials, trials_per_iter=4, servers_gone_timeout_s=20),
                               coordinator=CoordinatorConfig(clients=2, ray_address=cluster.address))
             killer.join(timeout=5)
-            after = _db_keys(result.records_dir)
+            after = record_keys(result.records_dir)
             faults = {key: v for key, v in result.report["faults"].items() if v}
             ok = bool(killed) and set(snapshot) <= set(after) and os.path.getsize(result.artifact) > 0
             notes.append(f"run {k}: faults {faults}")
         except Exception as exc:  # the run stopped: count it as not survived, keep what is on disk
-            after = _db_keys(os.path.join(out, "records-cpu50")) + _shard_rows(out)
+            after = record_keys(os.path.join(out, "records-cpu50")) + _shard_rows(out)
             ok = False
             notes.append(f"run {k}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
         finally:
@@ -413,21 +337,20 @@ def node_kill(model, root, n, trials):
         injected += bool(killed)
         survived += ok
         lost += len(set(snapshot) - set(after))
-        duplicates += len(_db_keys(os.path.join(out, "records-cpu50"))) - len(set(_db_keys(os.path.join(out, "records-cpu50"))))
+        duplicates += _duplicates(os.path.join(out, "records-cpu50"))
     return {"kind": "non-head Ray node removed (Cluster, no grace)", "injected": injected, "survived": survived,
             "lost": lost, "duplicates": duplicates, "note": "; ".join(notes)}
 
 
 def fsync_cost(root, count=300):
     import tvm
-    from tvm import te
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from tunekit.records.database import commit_durably
+    from tunekit.testing import add_one_module
 
-    a = te.placeholder((1024,), name="A")
-    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((1024,), lambda i: a[i] + 1, name="B")])})
+    mod = add_one_module(1024)
     sch = tvm.s_tir.Schedule(mod)
     block = sch.get_sblock("B") if hasattr(sch, "get_sblock") else sch.get_block("B")
     (loop,) = sch.get_loops(block)

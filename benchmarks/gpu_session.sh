@@ -2,12 +2,46 @@
 # What we run on the GPU device machine (H100), after the carried wheels are installed.
 #   bash benchmarks/gpu_session.sh smoke   # pytest -m gpu + tunekit tune tiny_cnn --gpu-pct 40
 #   bash benchmarks/gpu_session.sh bench   # benchmarks/tuning_time.py, ResNet-18 at 40%
+#   bash benchmarks/gpu_session.sh check   # pytest -m gpu, then a torchvision ResNet-18 tuned at 40% (fp16,
+#                                          # tensor cores, CUDA graphs), tunekit bench on its artifact
+#   STEP=pytorch MODELS=resnet18,bert bash benchmarks/gpu_session.sh vs   # a step of benchmarks/vs_pytorch.py
 # Outputs go to $OUT (the device tool brings them back); commit what matters.
 set -uo pipefail
 export PYTHONPATH=/root/site:$PWD CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 OUT=${OUT:-/tmp/tunekit-gpu-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 case "${1:-smoke}" in
+  check)
+    timeout 420 python3 -m pytest -q -m gpu tests 2>&1 | tail -25 | tee "$OUT/pytest_gpu.txt"
+    mkdir -p /tmp/vs
+    [ -f /tmp/vs/resnet18.onnx ] || python3 benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
+    timeout ${TUNE_S:-420} python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${TRIALS:-32} \
+      --trials-per-iter 16 --out /tmp/r18 --json > "$OUT/r18_check.json" 2> "$OUT/r18_check.log"; echo "tune rc=$?"
+    tail -3 "$OUT/r18_check.log"
+    python3 - "$OUT/r18_check.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["report"]
+lat = r["latency_ms"]
+print("precision", r["precision"], "cuda_graph", r["cuda_graph"], "choice", r["artifact_choice"])
+print("latency untuned", lat["untuned"]["median_ms"], "tuned", lat["tuned"]["median_ms"],
+      "tuned without graphs", (r.get("latency_without_cuda_graph_ms") or {}).get("median_ms"))
+print("tensor cores", r["tensor_cores"], "trials", r["trials"], "tuning_wall_s", r["tuning_wall_s"], "wall_s", r["wall_s"])
+print("numerics", r["numerics"]["tuned"])
+print("phases", json.dumps(r["phases"]["per_trial_s"]), json.dumps(r["phases"].get("build_profile")))
+for t in r["tasks"]:
+    print("  ", t["name"][:40], t.get("trials"), t.get("untuned_us"), t.get("tuned_us"), t.get("best_tensorized"),
+          t.get("record_applied"), t.get("negligible"))
+PY
+    [ -f /tmp/r18/resnet18-gpu40.so ] && timeout 120 python3 -m tunekit.cli bench /tmp/r18/resnet18-gpu40.so \
+      --gpu-pct 40 --compare-onnx /tmp/vs/resnet18.onnx --json > "$OUT/r18_bench.json" && tail -c 1500 "$OUT/r18_bench.json"
+    cp /tmp/r18/report.json "$OUT/r18_report.json" 2>/dev/null
+    ;;
+  vs)
+    python3 benchmarks/vs_pytorch.py ${STEP:-all} --models ${MODELS:-resnet18,resnet50,mobilenet_v2,bert} \
+      --pcts ${PCTS:-40,100} --budgets ${BUDGETS:-600,1800} --call-s ${CALL_S:-540} --work /tmp/vs \
+      --results ${RESULTS:-benchmarks/results/h100-vs-pytorch} 2>&1 | tail -30
+    cp ${RESULTS:-benchmarks/results/h100-vs-pytorch}/* "$OUT"/ 2>/dev/null
+    ;;
   smoke)
     python3 -m tunekit.cli example --out /tmp/tiny_cnn.onnx
     python3 -m tunekit.cli tune /tmp/tiny_cnn.onnx --gpu-pct 40 --trials ${TRIALS:-32} --out /tmp/gpu40 --json \

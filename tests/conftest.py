@@ -1,10 +1,18 @@
+"""Shared fixtures. The harness itself (fleets, kernels, record readers, the `tunekit` subprocess) is
+tunekit.testing: tests import it from there."""
 import os
-import subprocess
 import sys
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# torch is optional: `make test` installs the CPU build into .torchsite (not the venv, where `import
+# tvm` would import it in every server and worker). Appended, so the venv's own packages win; only
+# this test process sees it, not the processes it starts.
+_TORCH_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".torchsite")
+if os.path.isdir(_TORCH_SITE):
+    sys.path.append(_TORCH_SITE)
 
 
 def has_gpu() -> bool:
@@ -20,12 +28,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def run_cli(*args, timeout=900):
-    """Run the real `tunekit` command as a user would (a subprocess)."""
-    return subprocess.run([sys.executable, "-m", "tunekit.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,14 @@
-"""Bad input: one-line error, non-zero exit, no traceback, nothing on disk lost."""
+"""Bad input: one-line error, exit code 2 (usage / bad input), no traceback, nothing on disk lost."""
 import os
 
 import pytest
 
-from conftest import has_gpu, run_cli
+from conftest import has_gpu
+from tunekit.testing import run_cli
 
 
 def assert_clean_error(proc, fragment):
-    assert proc.returncode != 0, proc.stdout
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")]
     assert len(error_lines) == 1, proc.stderr
@@ -69,6 +70,32 @@ def test_unsupported_operator_is_named(tmp_path):
     path = tmp_path / "custom.onnx"
     onnx.save(model, path)
     proc = run_cli("tune", path, "--out", tmp_path / "o")
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
     assert "MyCustomOp" in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / "o" / "report.json")
+
+
+def test_stock_engine_cannot_be_sharded_over_clients(example_model, tmp_path):
+    """--engine stock runs in one process: with --clients it is refused in one line before any work."""
+    out = tmp_path / "o"
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--engine", "stock", "--out", out)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr  # exactly one line, nothing else
+    assert proc.stderr.startswith("tunekit: error:") and "--engine stock" in proc.stderr, proc.stderr
+    assert not (out / "records-cpu50").exists() and not (out / "report.json").exists()
+    assert not out.exists(), sorted(p.name for p in out.iterdir())  # refused before the out dir was made
+
+
+def test_help_lists_the_exit_codes():
+    proc = run_cli("--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "exit codes:" in lines, proc.stdout
+    listed = {}
+    for line in lines[lines.index("exit codes:") + 1:]:
+        if not line.strip():
+            break
+        code, meaning = line.split(None, 1)
+        listed[int(code)] = meaning
+    assert sorted(listed) == [0, 1, 2, 3, 130], proc.stdout
+    assert "usage" in listed[2] and "runtime" in listed[1] and "interrupted" in listed[130], listed

@@ -1,4 +1,5 @@
 """The Ray coordinator on CPU shares: real Ray, real tuning clients, real servers, real merges."""
+import collections
 import json
 import os
 import threading
@@ -7,12 +8,12 @@ import time
 import psutil
 import pytest
 
-from conftest import run_cli
 from tunekit.coordinator import plan as planning
 from tunekit.coordinator.merge import merge_shards
 from tunekit.errors import TunekitError
-from tunekit.records.database import RECORDS, WORKLOADS
+from tunekit.records.jsonl import RECORDS, WORKLOADS, read_records, read_workloads
 from tunekit.shares.share import Share
+from tunekit.testing import distinct, record_keys, record_lines, run_cli, shard_dirs
 
 
 # ---------------------------------------------------------------- planning (no processes)
@@ -65,10 +66,12 @@ def test_merge_reindexes_workloads_and_is_idempotent(tmp_path):
     into = str(tmp_path / "merged")
     counts = merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)
     assert counts["new_records"] == 3 and counts["new_workloads"] == 2 and counts["skipped_lines"] == 1
-    workloads = [json.loads(line)[0] for line in open(os.path.join(into, WORKLOADS))]
-    records = [json.loads(line) for line in open(os.path.join(into, RECORDS))]
-    assert workloads == ["h1", "h2"]
-    assert sorted((workloads[i], r[0][0][0][2][0]) for i, r in records) == [("h1", "x"), ("h2", "y"), ("h2", "z")]
+    workloads = [w[0] for w in read_workloads(into)]
+    skipped = []
+    records = list(read_records(into, skipped=skipped))
+    assert workloads == ["h1", "h2"] and skipped == []
+    assert sorted((workloads[r.workload], r.trace[0][0][2][0]) for r in records) == [("h1", "x"), ("h2", "y"),
+                                                                                    ("h2", "z")]
     assert merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)["new_records"] == 0
 
 
@@ -83,13 +86,10 @@ def four_clients(example_model, tmp_path_factory):
 
 
 def _records_per_workload(db_dir):
-    workloads = [json.loads(line)[0] for line in open(os.path.join(db_dir, WORKLOADS))]
-    per, traces = {}, set()
-    for line in open(os.path.join(db_dir, RECORDS)):
-        index, record = json.loads(line)
-        per[workloads[index]] = per.get(workloads[index], 0) + 1
-        traces.add((workloads[index], json.dumps(record[0])))
-    return per, traces
+    """{workload hash: trials}, and the distinct (workload, trace) pairs."""
+    keys = record_keys(db_dir)
+    assert all(workload is not None for workload, _ in keys), "a record points at no workload"
+    return dict(collections.Counter(workload for workload, _ in keys)), distinct(keys)
 
 
 def test_four_clients_tune_every_task_within_its_budget(four_clients):
@@ -113,33 +113,30 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
 
 
 def test_merged_records_compile_like_a_single_process_database(four_clients, example_model, tmp_path):
-    import tvm
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    from tunekit.api import _load_model
     from tunekit.clients.compiler import apply_records
     from tunekit.frontend.tasks import prepare_for_tuning
     from tunekit.records.database import open_database
+    from tunekit.run.session import load_model
     from tunekit.targets import target_for
 
     report, out = four_clients
     merged = open_database(report["records_dir"], create=False)
     # The same records committed through TVM's own API, one process, one database.
     single = open_database(str(tmp_path / "single"))
-    shard_root = os.path.join(out, "work", "shards", "cpu50")
-    for run_id in os.listdir(shard_root):
-        for client in os.listdir(os.path.join(shard_root, run_id)):
-            shard = ms.database.JSONDatabase(work_dir=os.path.join(shard_root, run_id, client),
-                                             module_equality="structural")
-            for record in shard.get_all_tuning_records():
-                single.commit_tuning_record(ms.database.TuningRecord(
-                    record.trace, single.commit_workload(record.workload.mod), record.run_secs, record.target,
-                    record.args_info))
+    shards = shard_dirs(out, "cpu50")
+    assert shards
+    for shard_dir in shards:
+        shard = ms.database.JSONDatabase(work_dir=shard_dir, module_equality="structural")
+        for record in shard.get_all_tuning_records():
+            single.commit_tuning_record(ms.database.TuningRecord(
+                record.trace, single.commit_workload(record.workload.mod), record.run_secs, record.target,
+                record.args_info))
     assert len(single) == len(merged) == 16
-    _, _, mod = _load_model(example_model, {})
     target = target_for(Share("cpu", 50))
-    prepared = prepare_for_tuning(mod, target)
+    prepared = prepare_for_tuning(load_model(example_model).mod, target)
     a = apply_records(prepared_mod=prepared, target=target, database=merged)
     b = apply_records(prepared_mod=prepared, target=target, database=single)
     assert tvm_ffi.structural_equal(a, b)
@@ -210,9 +207,8 @@ def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example
     import ray
     from ray.cluster_utils import Cluster
 
-    from tunekit import api
+    from tunekit import CoordinatorConfig, api
     from tunekit.config import TuneConfig
-    from tunekit.coordinator.coordinator import CoordinatorConfig
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
@@ -222,11 +218,9 @@ def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example
 
     def kill_a_client_once_it_has_records():
         deadline = time.time() + 600
-        root = os.path.join(out, "work", "shards", "cpu50")
         while time.time() < deadline and not killed:
-            for dirpath, _, files in os.walk(root):
-                path = os.path.join(dirpath, RECORDS)
-                if RECORDS in files and os.path.getsize(path) > 0:
+            for shard in shard_dirs(out, "cpu50"):
+                if record_lines(shard):
                     # Only this test's cluster: its raylets are our children, the actors theirs.
                     for proc in psutil.Process().children(recursive=True):
                         try:

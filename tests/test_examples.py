@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import run_cli
+from tunekit.testing import run_cli
 from tunekit.errors import TunekitError
 from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
 from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning

@@ -10,120 +10,28 @@ import time
 
 import psutil
 import pytest
-import tvm
-from tvm import rpc, te
-from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-from tvm.s_tir.meta_schedule.builder import BuilderInput
-from tvm.s_tir.meta_schedule.runner import RunnerInput
-from tvm.script import tirx as T
+from tvm import rpc
 
-from conftest import run_cli
 from tunekit.clients.build_pool import BuildPool
-from tunekit.clients.session_runner import RunnerConfig, ServersGone, SessionRunner, is_not_measured
-from tunekit.errors import TunekitError
+from tunekit.clients.session_runner import ServersGone, is_not_measured
+from tunekit.errors import RunFailed, TunekitError
 from tunekit.servers.fleet import FleetConfig, RunnerFleet, listen_secret, load_rpc_secret
 from tunekit.shares.pinning import pinned_env
 from tunekit.shares.share import Share
+from tunekit.testing import (add_one_module, alive_after, build_inputs, children_running, crash_module, distinct,
+                             local_fleet, record_keys, record_lines, run_cli, session_runner, slow_module,
+                             tune_process, wait_for_records)
 
 SECRET = b"tunekit-test-secret-0123456789abcdef"
-
-
-# ---- helpers ----
-def _add_one_module(n=256):
-    a = te.placeholder((n,), name="A")
-    b = te.compute((n,), lambda i: a[i] + 1, name="B")
-    return tvm.IRModule({"main": te.create_prim_func([a, b])})
-
-
-@T.prim_func
-def _crash(a: T.Buffer((1,), "float32")):
-    T.evaluate(T.call_extern("int32", "abort"))  # SIGABRT: the server process dies with the candidate
-    a[0] = T.float32(1)
-
-
-@T.prim_func
-def _slow(a: T.Buffer((1,), "float32")):
-    for _ in range(1000000000):  # a dependent chain: seconds per call
-        a[0] = a[0] * T.float32(0.999999) + T.float32(1)
-
-
-def _inputs(pool, mods):
-    target = tvm.target.Target({"kind": "llvm"})
-    built = pool.build([BuilderInput(m, target) for m in mods])
-    assert [b.error_msg for b in built] == [None] * len(mods)
-    return [RunnerInput(b.artifact_path, "cpu", ArgInfo.from_prim_func(m["main"])) for b, m in zip(built, mods)]
-
-
-def _records(db_dir):
-    path = os.path.join(db_dir, "database_tuning_record.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        lines = []
-        for line in fh:
-            try:
-                lines.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written right now, or cut by a kill
-        return lines
-
-
-def _distinct(lines):
-    """(workload, trace) pairs: one per candidate if nothing was measured twice."""
-    return {(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines}
-
-
-def _warm_servers(pid):
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    found = []
-    for kid in kids:
-        try:
-            if "tunekit.servers.warm_server" in " ".join(kid.cmdline()):
-                found.append(kid)
-        except psutil.Error:
-            pass
-    return found
-
-
-def _tune(model, out, *args):
-    return subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", str(model), "--cpu-pct", "50",
-                             "--out", str(out), *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for_records(proc, db_dir, n, timeout=400):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if len(_records(db_dir)) >= n:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"tune exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"fewer than {n} records after {timeout} s")
-
-
-def _gone(procs, timeout=15):
-    deadline = time.time() + timeout
-    alive = procs
-    while time.time() < deadline:
-        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return []
-        time.sleep(0.3)
-    return alive
+WARM_SERVER = "tunekit.servers.warm_server"
 
 
 # ---- runner servers that die ----
 def test_a_candidate_that_crashes_its_server_is_retried_once_then_recorded_failed(tmp_path):
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
-    crash, ok = _inputs(pool, [tvm.IRModule({"main": _crash}), _add_one_module()])
-    with RunnerFleet(key="t-crash", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
-        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
-                                            candidate_timeout_s=60))
+    crash, ok = build_inputs(pool, [crash_module(), add_one_module()])
+    with local_fleet("t-crash") as fleet:
+        runner = session_runner(fleet, candidate_timeout_s=60)
         try:
             crashed, after = [f.result() for f in runner.run([crash, ok])]
             assert crashed.error_msg is not None and "died twice" in crashed.error_msg
@@ -142,18 +50,18 @@ def test_a_candidate_that_crashes_its_server_is_retried_once_then_recorded_faile
 def test_killing_a_runner_server_mid_run_loses_no_trial(example_model, tmp_path):
     out = tmp_path / "kill-server"
     db = out / "records-cpu50"
-    proc = _tune(example_model, out, "--trials", "16", "--trials-per-iter", "4", "--json")
-    _wait_for_records(proc, db, 4)
-    (server,) = _warm_servers(proc.pid)
+    proc = tune_process(example_model, out, "--trials", "16", "--trials-per-iter", "4", "--json")
+    assert wait_for_records(proc, db, 4)
+    (server,) = children_running(proc.pid, WARM_SERVER)
     server.send_signal(signal.SIGKILL)
-    before = _records(db)
+    before = record_lines(db)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-2000:]
     report = json.loads(stdout)["report"]
-    after = _records(db)
+    after = record_lines(db)
     assert after[:len(before)] == before  # every trial measured before the kill is still there
     assert len(after) == report["trials"]["measured"] == 16
-    assert len(_distinct(after)) == len(after)  # nothing measured twice
+    assert len(distinct(record_keys(db))) == len(after)  # nothing measured twice
     faults = report["faults"]
     assert faults["server_deaths"] == 1 and faults["server_restarts"] == 1 == report["server_restarts"]
     # the candidate that met the dead server was measured again, on the restarted one
@@ -166,15 +74,15 @@ def test_killing_a_runner_server_mid_run_loses_no_trial(example_model, tmp_path)
 def test_all_servers_gone_stops_the_run_with_a_clear_error_and_keeps_records(example_model, tmp_path):
     out = tmp_path / "gone"
     db = out / "records-cpu50"
-    proc = _tune(example_model, out, "--trials", "200", "--trials-per-iter", "4", "--servers-gone-timeout", "8")
-    _wait_for_records(proc, db, 2)
-    before = _records(db)
+    proc = tune_process(example_model, out, "--trials", "200", "--trials-per-iter", "4", "--servers-gone-timeout", "8")
+    assert wait_for_records(proc, db, 2)
+    before = record_lines(db)
     started = time.time()
     killed = 0
     descendants = psutil.Process(proc.pid).children(recursive=True)
     while proc.poll() is None and time.time() - started < 300:
         # Every replacement the supervisor starts dies at once: restarts keep failing.
-        for server in _warm_servers(proc.pid):
+        for server in children_running(proc.pid, WARM_SERVER):
             try:
                 server.kill()
                 killed += 1
@@ -182,44 +90,44 @@ def test_all_servers_gone_stops_the_run_with_a_clear_error_and_keeps_records(exa
                 pass
         time.sleep(0.05)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode not in (0, 130), stderr[-2000:]
+    assert proc.returncode == 1, (proc.returncode, stderr[-2000:])  # a runtime failure (RunFailed), not bad usage
     assert time.time() - started < 120
     errors = [line for line in stderr.splitlines() if line.startswith("tunekit:")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr[-2000:]
     assert "share cpu50" in errors[0] and "servers_gone_timeout_s = 8 s" in errors[0], errors[0]
     assert "--resume" in errors[0] and killed >= 2
-    after = _records(db)
-    assert after[:len(before)] == before and len(_distinct(after)) == len(after)
+    after = record_lines(db)
+    assert after[:len(before)] == before and len(distinct(record_keys(db))) == len(after)
     summary = run_cli("records", out, "--json")
     assert summary.returncode == 0 and json.loads(summary.stdout)["cpu50"]["trials"] == len(after)
-    assert not _gone(descendants), "tracker, servers and build workers stop with the run"
+    assert not alive_after(descendants), "tracker, servers and build workers stop with the run"
 
 
 def test_sigkill_of_the_tune_process_then_resume_keeps_every_trial(example_model, tmp_path):
     out = tmp_path / "sigkill"
     db = out / "records-cpu50"
-    proc = _tune(example_model, out, "--trials", "40", "--trials-per-iter", "4")
-    _wait_for_records(proc, db, 6)
+    proc = tune_process(example_model, out, "--trials", "40", "--trials-per-iter", "4")
+    assert wait_for_records(proc, db, 6)
     descendants = psutil.Process(proc.pid).children(recursive=True)
-    assert _warm_servers(proc.pid)
+    assert children_running(proc.pid, WARM_SERVER)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     proc.stdout.close()
     proc.stderr.close()
-    before = _records(db)  # complete lines only: a line the kill cut off was not a finished trial
+    before = record_lines(db)  # complete lines only: a line the kill cut off was not a finished trial
     assert len(before) >= 6
     # no tracker, server or build worker outlives the killed run (they watch their parent)
-    assert not _gone(descendants), [p.cmdline() for p in _gone(descendants, 0)]
+    assert not alive_after(descendants), [p.cmdline() for p in alive_after(descendants, 0)]
     locked = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "8", "--out", out)
-    assert locked.returncode != 0 and "--resume" in locked.stderr  # not appended to by accident
+    assert locked.returncode == 2 and "--resume" in locked.stderr  # not appended to by accident
     resumed = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "8", "--trials-per-iter", "4",
                       "--out", out, "--resume", "--json")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     report = json.loads(resumed.stdout)["report"]
-    after = _records(db)
+    after = record_lines(db)
     assert after[:len(before)] == before  # every trial measured before the kill is kept
     assert len(after) == len(before) + report["trials"]["measured"] and report["trials"]["measured"] == 8
-    assert len(_distinct(after)) == len(after)  # the resumed run measured no candidate twice
+    assert len(distinct(record_keys(db))) == len(after)  # the resumed run measured no candidate twice
     compiled = run_cli("compile", example_model, "--records", out, "--out", tmp_path / "final.so")
     assert compiled.returncode == 0, compiled.stderr[-1000:]
     assert os.path.getsize(tmp_path / "final.so") > 0
@@ -228,9 +136,8 @@ def test_sigkill_of_the_tune_process_then_resume_keeps_every_trial(example_model
 # ---- security ----
 def test_a_wrong_secret_is_refused_before_any_code_is_loaded_and_the_server_stays_up(tmp_path):
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
-    (ok,) = _inputs(pool, [_add_one_module()])
-    with RunnerFleet(key="t-secret", pinned=pinned_env(Share("cpu", 50)),
-                     config=FleetConfig(servers=1, secret=SECRET)) as fleet:
+    (ok,) = build_inputs(pool, [add_one_module()])
+    with local_fleet("t-secret", secret=SECRET) as fleet:
         (pid,) = fleet.server_pids
         # A stock TVM client (no proof): refused in the connection handshake, i.e. before an RPC
         # session exists, so nothing can be uploaded or loaded.
@@ -238,17 +145,17 @@ def test_a_wrong_secret_is_refused_before_any_code_is_loaded_and_the_server_stay
             rpc.connect_tracker("127.0.0.1", fleet.tracker_port).request(fleet.key, session_timeout=10, max_retry=1)
         # tunekit's runner with a wrong secret: refused every time; with no session held for the
         # timeout, the runner gives up with a clear error instead of recording failures.
-        wrong = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
-                                           servers_gone_timeout_s=6, secret=b"not-the-secret-0123456789"))
+        wrong = session_runner(fleet, servers_gone_timeout_s=6, secret=b"not-the-secret-0123456789")
         try:
             (result,) = [f.result() for f in wrong.run([ok])]
             assert is_not_measured(result) and isinstance(wrong.fatal, ServersGone)
+            assert isinstance(wrong.fatal, RunFailed)  # a runtime failure: the CLI exits 1 with it
             assert "refused the session" in str(wrong.fatal) and "not-the-secret" not in str(wrong.fatal)
         finally:
             wrong.shutdown()
         assert fleet.server_pids == [pid] and psutil.pid_exists(pid) and fleet.deaths == 0
         # the same server serves the right client
-        right = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1, secret=SECRET))
+        right = session_runner(fleet, secret=SECRET)
         try:
             (result,) = [f.result() for f in right.run([ok])]
             assert result.error_msg is None and min(result.run_secs) > 0
@@ -294,14 +201,14 @@ def test_listening_beyond_loopback_needs_a_secret(tmp_path, example_model):
     with pytest.raises(TunekitError, match="too short"):
         load_rpc_secret(str(short))
     # with a secret, 0.0.0.0 works: servers listen on every interface and demand the secret
-    with RunnerFleet(key="t-open", pinned=share, config=FleetConfig(host="0.0.0.0", secret=SECRET)) as fleet:
+    with local_fleet("t-open", host="0.0.0.0", secret=SECRET) as fleet:
         listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
                      and c.laddr.port == fleet.tracker_port}
         assert listening == {"0.0.0.0"}
         pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
-        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1, secret=SECRET))
+        runner = session_runner(fleet, secret=SECRET)
         try:
-            (result,) = [f.result() for f in runner.run(_inputs(pool, [_add_one_module()]))]
+            (result,) = [f.result() for f in runner.run(build_inputs(pool, [add_one_module()]))]
             assert result.error_msg is None
         finally:
             runner.shutdown()
@@ -309,22 +216,21 @@ def test_listening_beyond_loopback_needs_a_secret(tmp_path, example_model):
     # the CLI: one line, non-zero, before any work (no out dir written)
     out = tmp_path / "cli-open"
     refused = run_cli("tune", example_model, "--cpu-pct", "50", "--listen-host", "0.0.0.0", "--out", out)
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "--rpc-secret-file" in refused.stderr and not out.exists()
 
 
 def test_a_killed_tracker_is_restarted_on_its_port_and_the_run_goes_on(tmp_path):
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
-    with RunnerFleet(key="t-tracker", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
-        runner = SessionRunner(RunnerConfig(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1,
-                                            servers_gone_timeout_s=60))
+    with local_fleet("t-tracker") as fleet:
+        runner = session_runner(fleet, servers_gone_timeout_s=60)
         try:
-            assert [f.result().error_msg for f in runner.run(_inputs(pool, [_add_one_module()]))] == [None]
+            assert [f.result().error_msg for f in runner.run(build_inputs(pool, [add_one_module()]))] == [None]
             psutil.Process(fleet._tracker.pid).kill()
-            assert [f.result().error_msg for f in runner.run(_inputs(pool, [_add_one_module()]))] == [None]
+            assert [f.result().error_msg for f in runner.run(build_inputs(pool, [add_one_module()]))] == [None]
             # the server dies too: the runner finds its replacement through the restarted tracker
             psutil.Process(fleet.server_pids[0]).kill()
-            assert [f.result().error_msg for f in runner.run(_inputs(pool, [_add_one_module()] * 2))] == [None] * 2
+            assert [f.result().error_msg for f in runner.run(build_inputs(pool, [add_one_module()] * 2))] == [None] * 2
             assert fleet.tracker_restarts == 1 and runner.retried == 1 and runner.retry_survived == 1
         finally:
             runner.shutdown()
@@ -335,16 +241,15 @@ def test_clients_sharing_a_fleet_release_idle_sessions_and_wait_rather_than_give
     """Two runners (as two tuning clients) on one server: with release_idle_sessions each holds it only
     while measuring; the one that waits while the other measures does not take the busy server for gone."""
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
-    with RunnerFleet(key="t-shared", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
-        config = dict(tracker_port=fleet.tracker_port, key=fleet.key, sessions=1, servers_gone_timeout_s=3,
-                      release_idle_sessions=True)
-        first, second = SessionRunner(RunnerConfig(**config)), SessionRunner(RunnerConfig(**config))
+    with local_fleet("t-shared") as fleet:
+        config = dict(servers_gone_timeout_s=3, release_idle_sessions=True)
+        first, second = session_runner(fleet, **config), session_runner(fleet, **config)
         try:
-            slow, ok = _inputs(pool, [tvm.IRModule({"main": _slow}), _add_one_module()])
+            slow, ok = build_inputs(pool, [slow_module(), add_one_module()])
             batch_a = first.run([slow, ok])
             time.sleep(1.0)
             started = time.time()
-            batch_b = second.run(_inputs(pool, [_add_one_module()] * 2))
+            batch_b = second.run(build_inputs(pool, [add_one_module()] * 2))
             results = [f.result() for f in batch_a + batch_b]
             assert all(r.error_msg is None for r in results), [r.error_msg for r in results]
             assert time.time() - started > 3  # the second one waited longer than its gone-timeout

@@ -9,56 +9,21 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import psutil
 
-from tunekit.records.database import RECORDS, WORKLOADS
-
-
-def _shard_record_files(out, share="cpu50"):
-    root = os.path.join(out, "work", "shards", share)
-    found = []
-    for dirpath, _, files in os.walk(root):
-        if RECORDS in files:
-            found.append(dirpath)
-    return found
-
-
-def _trace_keys(db_dir):
-    """(workload hash, trace JSON) of every complete record line of a database / shard."""
-    path_w, path_r = os.path.join(db_dir, WORKLOADS), os.path.join(db_dir, RECORDS)
-    if not os.path.exists(path_r):
-        return []
-    workloads = []
-    for line in open(path_w):
-        try:
-            workloads.append(json.loads(line)[0])
-        except ValueError:
-            workloads.append(None)
-    keys = []
-    for line in open(path_r):
-        try:
-            index, record = json.loads(line)
-            workload = workloads[index]
-        except (ValueError, IndexError):
-            continue  # a line cut by the kill: not a finished trial
-        if workload is not None:
-            keys.append((workload, json.dumps(record[0], sort_keys=True)))
-    return keys
+from tunekit.testing import record_keys, shard_dirs, tune_process
 
 
 def _shard_trials(out):
-    return [k for shard in _shard_record_files(out) for k in _trace_keys(shard)]
+    """(workload hash, trace) of every complete record line in the run's client shards."""
+    return [k for shard in shard_dirs(out) for k in record_keys(shard)]
 
 
 def _tune(model, out, *extra):
-    return subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", str(model), "--cpu-pct", "50",
-                             "--clients", "2", "--trials", "10", "--trials-per-iter", "2", "--out", str(out), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return tune_process(model, out, "--clients", "2", "--trials", "10", "--trials-per-iter", "2", *extra)
 
 
 def test_sigkill_of_the_coordinated_run_then_resume_keeps_every_shard_trial(example_model, tmp_path):
@@ -89,7 +54,7 @@ def test_sigkill_of_the_coordinated_run_then_resume_keeps_every_shard_trial(exam
     stdout, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr[-3000:]
     report = json.loads(stdout)["report"]
-    after = _trace_keys(os.path.join(out, "records-cpu50"))
+    after = record_keys(os.path.join(out, "records-cpu50"))
     assert before and before <= set(after), f"{len(before - set(after))} trials of the killed run lost"
     assert len(after) == len(set(after)), "a trace was measured twice"
     assert os.path.getsize(report["artifact"]) > 0
@@ -102,9 +67,8 @@ def test_removing_a_whole_ray_node_mid_run_keeps_every_trial(example_model, tmp_
     import ray
     from ray.cluster_utils import Cluster
 
-    from tunekit import api
+    from tunekit import CoordinatorConfig, api
     from tunekit.config import TuneConfig
-    from tunekit.coordinator.coordinator import CoordinatorConfig
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     worker = cluster.add_node(num_cpus=1)
@@ -138,7 +102,7 @@ def test_removing_a_whole_ray_node_mid_run_keeps_every_trial(example_model, tmp_
     assert len({f["key"] for f in report["coordinator"]["fleets"]}) == 2  # a fleet was on the lost node
     assert [f["lost"] for f in report["coordinator"]["fleets"]].count(True) == 1
     assert report["faults"]["fleets_lost"] == 1
-    after = _trace_keys(report["records_dir"])
+    after = record_keys(report["records_dir"])
     assert set(snapshot) <= set(after), f"{len(set(snapshot) - set(after))} trials recorded before the kill lost"
     assert len(after) == len(set(after)), "a trace was measured twice"
     assert report["trials"]["measured"] <= 10

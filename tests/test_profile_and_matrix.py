@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from tunekit.testing import run_cli
 
 
 def _check_knee(profile: dict) -> None:
@@ -25,7 +25,6 @@ def test_profile_cli_finds_knee_and_writes_files(example_model, tmp_path):
     assert all(r["median_ms"] > 0 and r["std_ms"] >= 0 and r["cores"] >= 1 for r in profile["shares"])
     assert profile["shares"][-1]["cores"] == len(os.sched_getaffinity(0))
     assert profile["tolerance"] == pytest.approx(0.1)
-    assert profile["knee"] in ("cpu50", "cpu100")
     _check_knee(profile)
     assert json.load(open(out / "profile.json")) == profile
     assert (out / "profile.png").stat().st_size > 0

@@ -1,14 +1,16 @@
 """Real tracker and runner servers on 127.0.0.1, pinned to a CPU share."""
+import contextlib
+import errno
+import socket
 import time
 
 import numpy as np
 import psutil
 import tvm
-from tvm import rpc, te
+from tvm import rpc
 
-from tunekit.servers.fleet import FleetConfig, RunnerFleet
-from tunekit.shares.pinning import pinned_env
 from tunekit.shares.share import Share
+from tunekit.testing import add_one_module, local_fleet
 
 
 def _session_add_one(fleet, lib_path):
@@ -22,18 +24,21 @@ def _session_add_one(fleet, lib_path):
 
 
 def _add_lib(tmp_path):
-    A = te.placeholder((64,), name="A")
-    B = te.compute((64,), lambda i: A[i] + 1, name="B")
     path = str(tmp_path / "add.so")
-    tvm.compile(te.create_prim_func([A, B]), target="llvm").export_library(path)
+    tvm.compile(add_one_module(64), target="llvm").export_library(path)
     return path
+
+
+def _listening(port: int) -> set:
+    """The addresses something listens on at `port` (TCP)."""
+    return {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+            and c.laddr.port == port}
 
 
 def test_warm_server_is_pinned_reused_restarted_and_stopped(tmp_path):
     lib = _add_lib(tmp_path)
     share = Share("cpu", 50)
-    fleet = RunnerFleet(key="t-warm", pinned=pinned_env(share), config=FleetConfig(servers=1))
-    with fleet:
+    with local_fleet("t-warm", share=share) as fleet:
         (pid,) = fleet.server_pids
         assert psutil.Process(pid).cpu_affinity() == share.cpu_cores()
         assert psutil.Process(pid).environ()["TVM_NUM_THREADS"] == str(len(share.cpu_cores()))
@@ -54,9 +59,49 @@ def test_warm_server_is_pinned_reused_restarted_and_stopped(tmp_path):
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in started)
 
 
-def test_ports_are_not_the_well_known_ones():
-    with RunnerFleet(key="t-ports", pinned=pinned_env(Share("cpu", 50)), config=FleetConfig(servers=1)) as fleet:
-        assert fleet.tracker_port not in (9190, 9090)
-        conns = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
-                 and c.laddr.port == fleet.tracker_port]
-        assert conns and all(c.laddr.ip == "127.0.0.1" for c in conns)
+def _server_ports(fleet) -> set:
+    (pid,) = fleet.server_pids
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_two_fleets_at_once_get_their_own_ports_on_loopback_only():
+    with local_fleet("t-ports-a") as a, local_fleet("t-ports-b") as b:
+        ports = {}
+        for fleet in (a, b):
+            servers = _server_ports(fleet)
+            assert servers, f"{fleet.key}: its server listens on nothing"
+            ports[fleet.key] = {fleet.tracker_port} | servers
+            for port in ports[fleet.key]:
+                assert _listening(port) == {"127.0.0.1"}, (fleet.key, port)
+        assert a.tracker_port != b.tracker_port
+        assert not ports["t-ports-a"] & ports["t-ports-b"], ports  # no port shared between the two fleets
+
+
+def _listening_ports() -> set:
+    return {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _port_is_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            assert exc.errno == errno.EADDRINUSE, exc
+            return True
+    return False
+
+
+def test_a_fleet_starts_and_serves_while_9190_is_taken(tmp_path):
+    lib = _add_lib(tmp_path)
+    with contextlib.ExitStack() as stack:
+        # Bound, not listening: nobody can bind 9190 now, and a fleet that dialled 9190 for its
+        # tracker would be refused (a clean failure, not a hang on our socket).
+        holder = stack.enter_context(socket.socket())
+        try:
+            holder.bind(("127.0.0.1", 9190))
+        except OSError as exc:  # somebody else holds it already: that is the case under test too
+            assert exc.errno == errno.EADDRINUSE, exc
+        assert _port_is_taken(9190)
+        fleet = stack.enter_context(local_fleet("t-9190", start_timeout_s=20))
+        assert fleet.tracker_port != 9190
+        assert np.allclose(_session_add_one(fleet, lib), 2.0)

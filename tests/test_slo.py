@@ -1,56 +1,58 @@
-"""Latency SLO mode (`tune --slo-ms`): the walk over shares (fast, with stand-ins for profile/tune)
-and end to end on the example model (real profile, real tuning, the real `tunekit` command)."""
+"""Latency SLO mode (`tune --slo-ms`): the walk over shares (fast, with stand-in profile and tune
+callables passed to tunekit.slo.tune_for_slo) and end to end on the example model (real profile,
+real tuning, the real `tunekit` command)."""
 import json
 import os
 import re
 
 import pytest
 
-from conftest import run_cli
+from tunekit.results import ProfileResult, TuneResult
+from tunekit.testing import run_cli
 
 
 # ---------- the walk, with stand-ins for profile() and tune() ----------
 
-@pytest.fixture
-def fake_tuning(monkeypatch, tmp_path):
-    """profile() -> untuned latency per share from `untuned`; tune() -> a report.json with `tuned[share]`."""
-    import tunekit.api as api
-    import tunekit.profiling as profiling
+class FakeTuning:
+    """profile -> untuned latency per share from `untuned`; tune -> a report.json with `tuned[share]`."""
 
-    state = {"untuned": {}, "tuned": {}, "calls": []}
+    def __init__(self, untuned: dict, tuned: dict):
+        self.untuned, self.tuned, self.calls = untuned, tuned, []
 
-    def fake_profile(model, *, cpu_pct=None, gpu_pct=None, **kw):
+    def profile(self, model, *, cpu_pct=None, gpu_pct=None, **kw):
         pcts = [int(p) for p in str(cpu_pct).split(",")]
-        return {"shares": [{"share": f"cpu{p}", "pct": p, "median_ms": state["untuned"][f"cpu{p}"], "std_ms": 0.0}
-                           for p in pcts], "knee": f"cpu{pcts[-1]}", "tolerance": 0.1}
+        rows = [{"share": f"cpu{p}", "pct": p, "median_ms": self.untuned[f"cpu{p}"], "std_ms": 0.0} for p in pcts]
+        return ProfileResult(model=model, kind="cpu", tolerance=0.1, repeats=kw.get("repeats", 20), shares=rows,
+                             knee=f"cpu{pcts[-1]}")
 
-    def fake_tune(model, *, cpu_pct=None, gpu_pct=None, out=None, config=None, **kw):
+    def tune(self, model, *, cpu_pct=None, gpu_pct=None, out=None, config=None, **kw):
         label = f"cpu{cpu_pct}"
-        state["calls"].append(label)
+        self.calls.append(label)
         os.makedirs(out, exist_ok=True)
         report = {"share": label, "share_choice": {"mode": "fixed", "chosen": label},
-                  "latency_ms": {"tuned": {"median_ms": state["tuned"][label]}}}
+                  "latency_ms": {"tuned": {"median_ms": self.tuned[label]}}}
         path = os.path.join(out, "report.json")
-        json.dump(report, open(path, "w"))
-        return api.TuneResult(share=label, out_dir=out, records_dir=os.path.join(out, f"records-{label}"),
-                              artifact="x.so", report_path=path, untuned_ms=state["untuned"][label],
-                              tuned_ms=state["tuned"][label], trials=config.trials, wall_s=1.0, report=report)
+        with open(path, "w") as fh:
+            json.dump(report, fh)
+        return TuneResult(share=label, out_dir=out, records_dir=os.path.join(out, f"records-{label}"),
+                          artifact="x.so", report_path=path, untuned_ms=self.untuned[label],
+                          tuned_ms=self.tuned[label], trials=config.trials, wall_s=1.0, report=report)
 
-    monkeypatch.setattr(profiling, "profile", fake_profile)
-    monkeypatch.setattr(api, "tune", fake_tune)
-    return state
+    def walk(self, **kwargs):
+        from tunekit.slo import tune_for_slo
+
+        return tune_for_slo("m.onnx", tune=self.tune, profile=self.profile, **kwargs)
 
 
-def test_walk_stops_at_the_smallest_share_that_meets(fake_tuning, tmp_path):
-    from tunekit.api import tune_for_slo
-
-    fake_tuning["untuned"] = {"cpu25": 9.0, "cpu50": 6.0, "cpu75": 5.0, "cpu100": 4.0}
-    fake_tuning["tuned"] = {"cpu25": 3.0, "cpu50": 1.9, "cpu75": 1.5, "cpu100": 1.0}
-    result = tune_for_slo("m.onnx", slo_ms=2.0, cpu_pct="100,25,50,75", trials=4, out=str(tmp_path / "o"))
-    assert fake_tuning["calls"] == ["cpu25", "cpu50"]  # smallest first, stops at the first that meets
+def test_walk_stops_at_the_smallest_share_that_meets(tmp_path):
+    fake = FakeTuning(untuned={"cpu25": 9.0, "cpu50": 6.0, "cpu75": 5.0, "cpu100": 4.0},
+                      tuned={"cpu25": 3.0, "cpu50": 1.9, "cpu75": 1.5, "cpu100": 1.0})
+    result = fake.walk(slo_ms=2.0, cpu_pct="100,25,50,75", trials=4, out=str(tmp_path / "o"))
+    assert fake.calls == ["cpu25", "cpu50"]  # smallest first, stops at the first that meets
     assert (result.met, result.chosen, result.tuned_ms) == (True, "cpu50", 1.9)
     assert [c["status"] for c in result.candidates] == ["not_met", "met", "not_needed", "not_needed"]
     assert [r["share"] for r in result.tried] == ["cpu25", "cpu50"]
+    assert [r["trials"] for r in result.tried] == [4, 4]  # `trials` is each tuned share's budget
     saved = json.load(open(tmp_path / "o" / "slo.json"))
     assert saved["share_choice"]["met"] is True and saved["chosen"] == "cpu50"
     for share in ("cpu25", "cpu50"):  # every tuned share's report records the whole walk
@@ -59,25 +61,21 @@ def test_walk_stops_at_the_smallest_share_that_meets(fake_tuning, tmp_path):
         assert report["share_choice"]["mode"] == "slo" and report["share_choice"]["slo_ms"] == 2.0
 
 
-def test_walk_not_met_tries_all_and_names_the_best(fake_tuning, tmp_path):
-    from tunekit.api import tune_for_slo
+def test_walk_not_met_tries_all_and_names_the_best(tmp_path):
     from tunekit.slo import describe
 
-    fake_tuning["untuned"] = {"cpu50": 6.0, "cpu100": 4.0}
-    fake_tuning["tuned"] = {"cpu50": 2.5, "cpu100": 2.25}
-    result = tune_for_slo("m.onnx", slo_ms=1.0, cpu_pct="50,100", out=str(tmp_path / "o"))
-    assert fake_tuning["calls"] == ["cpu50", "cpu100"]
+    fake = FakeTuning(untuned={"cpu50": 6.0, "cpu100": 4.0}, tuned={"cpu50": 2.5, "cpu100": 2.25})
+    result = fake.walk(slo_ms=1.0, cpu_pct="50,100", out=str(tmp_path / "o"))
+    assert fake.calls == ["cpu50", "cpu100"]
     assert (result.met, result.chosen, result.best_share, result.best_ms) == (False, None, "cpu100", 2.25)
     assert "SLO NOT met (best: 2.2500 ms at cpu100)" in describe(result)
 
 
-def test_max_speedup_skips_hopeless_shares(fake_tuning, tmp_path):
-    from tunekit.api import tune_for_slo
-
-    fake_tuning["untuned"] = {"cpu25": 30.0, "cpu50": 8.0, "cpu100": 4.0}
-    fake_tuning["tuned"] = {"cpu25": 9.0, "cpu50": 1.5, "cpu100": 1.0}
-    result = tune_for_slo("m.onnx", slo_ms=2.0, cpu_pct="25,50,100", max_speedup=5, out=str(tmp_path / "o"))
-    assert fake_tuning["calls"] == ["cpu50"]  # cpu25 would need 15x > 5x
+def test_max_speedup_skips_hopeless_shares(tmp_path):
+    fake = FakeTuning(untuned={"cpu25": 30.0, "cpu50": 8.0, "cpu100": 4.0},
+                      tuned={"cpu25": 9.0, "cpu50": 1.5, "cpu100": 1.0})
+    result = fake.walk(slo_ms=2.0, cpu_pct="25,50,100", max_speedup=5, out=str(tmp_path / "o"))
+    assert fake.calls == ["cpu50"]  # cpu25 would need 15x > 5x
     assert [c["status"] for c in result.candidates] == ["skipped", "met", "not_needed"]
     assert "15x" not in result.candidates[0]["reason"] and "5x" in result.candidates[0]["reason"]
 
@@ -135,7 +133,7 @@ def test_generous_slo_picks_the_smallest_share(example_model, tmp_path):
     from tunekit.records.database import count_trials
 
     untuned = profile(example_model, cpu_pct="50,100", repeats=10)
-    slo = 3 * untuned["shares"][0]["median_ms"]  # well above even the untuned latency at the smallest share
+    slo = 3 * untuned.row("cpu50")["median_ms"]  # well above even the untuned latency at the smallest share
     out = tmp_path / "slo"
     proc = run_cli("tune", example_model, "--slo-ms", slo, "--cpu-pct", "50,100", "--trials", "8",
                    "--out", out, "--json")

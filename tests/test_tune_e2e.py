@@ -2,10 +2,9 @@
 import json
 import os
 
-import numpy as np
 import pytest
 
-from conftest import run_cli
+from tunekit.testing import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +30,14 @@ def test_tune_writes_records_artifact_and_consistent_report(tuned):
     assert any(t["tuned_us"] for t in report["tasks"])
     # the records must reach the artifact: naive untuned conv loops are several times slower
     assert lat["tuned"]["median_ms"] < lat["untuned"]["median_ms"], lat
+
+
+def test_server_log_is_kept_in_the_out_dir(tuned):
+    """A one-process run writes its runner servers' log under <out>/work/logs/, not to a temp file."""
+    out, result = tuned
+    logs = sorted((out / "work" / "logs").glob("*-servers.log"))
+    assert [p.name for p in logs] == ["tunekit-cpu50-servers.log"], logs
+    assert logs[0].stat().st_size > 0  # the server wrote to it (its start-up at least)
 
 
 def test_records_summary_matches_report(tuned):

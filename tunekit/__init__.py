@@ -1,38 +1,40 @@
 """tunekit: tune a DNN's kernels for the share of the device it will run on.
 
-Map of the package:
-  frontend/  ONNX -> Relax -> MetaSchedule tasks
-  shares/    what a share is (GPU % under MPS, CPU cores) and how a process is pinned to it
-  servers/   TVM RPC tracker and runner servers pinned to a share
-  clients/   the tuning client: builder, runner, cost model, search, progress
-  coordinator/  Ray: tasks sharded over tuning clients, runner fleets per share and device, merges
-  records/   one tuning database per (target, share)
-  reports/   report.json, the evaluate matrix, the several-shares comparison
-  api.py     the Python API (tune / tune_shares / tune_for_slo / compile_model / evaluate)
-  slo.py     --slo-ms: the smallest share that meets a latency SLO
-  profiling.py  untuned latency per share and its knee (profile; tune's "auto" share)
-  cli.py     the `tunekit` command
+Map of the package (README "How it works" has the full table):
+  frontend/     ONNX -> Relax -> MetaSchedule tasks
+  shares/       what a share is (GPU % under MPS, CPU cores) and how a process is pinned to it
+  servers/      TVM RPC tracker and runner servers pinned to a share
+  clients/      the tuning engine: build pool, measuring runner, scheduler, search loop
+  run/          the tuning pipeline (once for every executor), the share session, the report
+  coordinator/  the Ray executor: tasks sharded over tuning clients, fleets per share and device
+  records/      one tuning database per share, its file format, run identity
+  reports/      the evaluate matrix and plots, the several-shares comparison
+  deploy/       use what you tuned: load() -> TunedModel, run, bench, the artifact metadata
+  api.py        the Python API;  cli/  the `tunekit` command
+  slo.py, profiling.py, evaluation.py   --slo-ms, profile / the knee, evaluate
+  testing/      real fleets, kernels and record readers for tests and benchmarks
 """
-from .config import TuneConfig
-from .errors import TunekitError
+from .config import CoordinatorConfig, TuneConfig
+from .errors import RunFailed, TunekitError
+from .results import EvalResult, ProfileResult, SharesResult, SloResult, TuneResult
 from .shares.share import Share
 
-__all__ = ["TuneConfig", "TunekitError", "Share", "tune", "tune_shares", "tune_for_slo", "compile_model", "evaluate",
-           "TuneResult", "SharesResult", "CoordinatorConfig", "profile"]
+__all__ = ["TuneConfig", "CoordinatorConfig", "TunekitError", "RunFailed", "Share", "tune", "tune_shares",
+           "tune_for_slo", "compile_model", "evaluate", "profile", "load", "bench", "TuneResult", "SharesResult",
+           "SloResult", "EvalResult", "ProfileResult", "TunedModel", "BenchResult"]
+
+_API = ("tune", "tune_shares", "tune_for_slo", "compile_model", "evaluate", "profile")
 
 
 def __getattr__(name):
-    # The API imports TVM (slow); keep `import tunekit` and `tunekit --help` fast.
-    if name in ("tune", "tune_shares", "tune_for_slo", "compile_model", "evaluate", "TuneResult", "SharesResult"):
+    # The API functions import TVM (slow): loaded on first use, so `import tunekit` and
+    # `tunekit --help` stay fast. Configs and result types above are plain dataclasses.
+    if name in _API:
         from . import api
 
         return getattr(api, name)
-    if name == "CoordinatorConfig":
-        from .coordinator.coordinator import CoordinatorConfig
+    if name in ("load", "bench", "TunedModel", "BenchResult"):  # imports neither TVM nor torch until used
+        from . import deploy
 
-        return CoordinatorConfig
-    if name == "profile":
-        from .profiling import profile
-
-        return profile
+        return getattr(deploy, name)
     raise AttributeError(name)

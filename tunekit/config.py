@@ -10,24 +10,40 @@ from .errors import TunekitError
 
 @dataclass
 class TuneConfig:
+    """Every setting of a tuning run. Flat on purpose: each key is one YAML key and (mostly) one CLI
+    flag, so `--config` files and flags map 1:1 (flag > YAML > default). Grouped by concern below."""
+
+    # ---- the run
     trials: int = 64                 # total measured candidates over all tasks
-    trials_per_iter: int = 8         # candidates per build/measure batch (small: every task gets a turn early)
-    servers: int = 1                 # runner servers at the share
-    server_mode: str = "warm"        # "warm" (tunekit) or "stock" (tvm.exec.rpc_server)
-    builder_workers: int | None = None  # default: the cores this process may use
-    build_timeout_s: float = 120.0
-    session_timeout_s: float = 120.0
     seed: int = 0
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
-    allow_unenforced_share: bool = False  # GPU without MPS: loudly labelled in the report
-    measure_repeats: int = 20        # latency repeats for before/after numbers
     resume: bool = False             # continue the records already in --out (same model/target/share only)
     engine: str = "tunekit"          # "tunekit" (fast loop) or "stock" (ms.tune_tasks + LocalBuilder + RPCRunner)
-    stock_runner: str = "auto"      # engine=stock only: "rpc", "local", or auto (local on GPU, rpc on CPU)
+    precision: str = "auto"          # auto: fp16 (+NHWC, fp32 accumulation) on tensor-core GPUs, fp32 on CPU
+    # Refuse an artifact whose outputs differ from onnxruntime's fp32 by more than this (max abs error
+    # over the reference's largest magnitude); None: the precision's bound (tunekit.numerics.BOUNDS).
+    max_output_error: float | None = None
+    # ---- search
+    trials_per_iter: int = 8         # candidates per build/measure batch (small: every task gets a turn early)
+    builder_workers: int | None = None  # default: the cores this process may use
+    build_timeout_s: float = 120.0
     overlap: bool | str = "auto"     # build batch N+1 while N is measured; auto: GPU, or CPU with spare cores
-    min_repeat_ms: int = 20          # time evaluator: minimum time per measurement
     measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
-    # Evolutionary search. MetaSchedule's defaults (population 512, 4 generations, 50 valid random
+    # Which task gets the next batch (clients.scheduler): "gradient" (warm-up round, then Ansor's
+    # gradient; tasks under min_task_share of the model's untuned weight x latency are not tuned) or
+    # "score" (the rule before it: weight x latency x 0.5^stale batches), kept for comparison.
+    task_scheduler: str = "gradient"
+    min_task_share: float = 0.005
+    time_budget_s: float | None = None  # stop launching batches after this many seconds of tuning
+    # ---- measurement
+    servers: int = 1                 # runner servers at the share
+    server_mode: str = "warm"        # "warm" (tunekit) or "stock" (tvm.exec.rpc_server)
+    session_timeout_s: float = 120.0
+    allow_unenforced_share: bool = False  # GPU without MPS: loudly labelled in the report
+    measure_repeats: int = 20        # latency repeats for before/after numbers
+    stock_runner: str = "auto"      # engine=stock only: "rpc", "local", or auto (local on GPU, rpc on CPU)
+    min_repeat_ms: int = 20          # time evaluator: minimum time per measurement
+    # ---- evolutionary search. MetaSchedule's defaults (population 512, 4 generations, 50 valid random
     # samples first) cost the same per batch whatever the batch size: on 2 cores, 87% of a 32-trial
     # CPU run was search, and on the H100 search was 55% of the wall. Population None = 8 x
     # trials_per_iter within 128..512. Generations and valid samples None = by target:
@@ -40,11 +56,15 @@ class TuneConfig:
     search_population: int | None = None
     search_genetic_iters: int | None = None
     search_init_samples: int | None = None
-    # Faults and security (README "Security"): no runner server of the share reachable for this long
+    # ---- fleet, faults and security (README "Security"): no runner server of the share reachable for this long
     # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
     servers_gone_timeout_s: float = 120.0
     listen_host: str = "127.0.0.1"   # tracker + runner servers; not loopback: needs a shared secret
     rpc_secret_file: str | None = None  # shared secret (first line); else env TUNEKIT_RPC_SECRET
+
+    def with_trials(self, trials: int | None) -> "TuneConfig":
+        """This config with `trials` replaced (None keeps it): the API's `trials=` argument."""
+        return self if trials is None else dataclasses.replace(self, trials=trials)
 
     @property
     def population(self) -> int:
@@ -70,12 +90,26 @@ class TuneConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TunekitError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.min_task_share, (int, float)) or isinstance(self.min_task_share, bool) \
+                or not 0 <= self.min_task_share < 1:
+            raise TunekitError(f"min_task_share must be a fraction in [0, 1), got {self.min_task_share!r}")
+        if self.time_budget_s is not None and (not isinstance(self.time_budget_s, (int, float))
+                                               or isinstance(self.time_budget_s, bool) or self.time_budget_s <= 0):
+            raise TunekitError(f"--time-budget must be a positive number of seconds, got {self.time_budget_s!r}")
         if (not isinstance(self.servers_gone_timeout_s, (int, float)) or isinstance(self.servers_gone_timeout_s, bool)
                 or not self.servers_gone_timeout_s > 0):
             raise TunekitError(f"servers_gone_timeout_s must be a positive number of seconds, "
                                f"got {self.servers_gone_timeout_s!r}")
         if not isinstance(self.listen_host, str) or not self.listen_host.strip():
             raise TunekitError(f"listen_host must be a host address, got {self.listen_host!r}")
+        if self.max_output_error is not None and (not isinstance(self.max_output_error, (int, float))
+                                                  or isinstance(self.max_output_error, bool)
+                                                  or not self.max_output_error > 0):
+            raise TunekitError(f"max_output_error must be a positive number, got {self.max_output_error!r}")
+        if self.task_scheduler not in ("gradient", "score"):
+            raise TunekitError(f"task_scheduler must be gradient or score, not {self.task_scheduler!r}")
+        if self.precision not in ("auto", "fp32", "fp16"):
+            raise TunekitError(f"precision must be auto, fp32 or fp16, not {self.precision!r}")
         if self.engine not in ("tunekit", "stock"):
             raise TunekitError(f"engine must be 'tunekit' or 'stock', not {self.engine!r}")
         if self.stock_runner not in ("auto", "rpc", "local"):
@@ -84,6 +118,21 @@ class TuneConfig:
             raise TunekitError(f"overlap must be true, false or auto, not {self.overlap!r}")
         if self.server_mode not in ("warm", "stock"):
             raise TunekitError(f"server_mode must be 'warm' or 'stock', not {self.server_mode!r}")
+
+
+@dataclass
+class CoordinatorConfig:
+    """How a run is spread over Ray: tuning clients per share, GPUs for the servers, the cluster."""
+
+    clients: int = 2                  # tuning clients per share (Ray actors)
+    gpus: list[int] | None = None     # GPU indices to put servers on (default: every visible GPU)
+    ray_address: str | None = None    # join this Ray cluster (default: RAY_ADDRESS, else start Ray here)
+    oversubscribe: bool = False       # allow the shares on one device to sum past 100%
+    client_restarts: int = 2          # how often a client that died is started again, per shard
+
+    def __post_init__(self):
+        if not isinstance(self.clients, int) or isinstance(self.clients, bool) or self.clients < 1:
+            raise TunekitError(f"--clients must be a positive integer, got {self.clients!r}")
 
 
 def load_yaml_config(path: str) -> dict:

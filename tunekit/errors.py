@@ -1,5 +1,17 @@
-"""User-facing errors: the CLI prints them as one line and exits non-zero."""
+"""User-facing errors: the CLI prints them as one line and exits non-zero.
+
+Two kinds, because a CI pipeline reacts differently to them (README "Exit codes"):
+- TunekitError: the input or the command line is wrong (a missing file, a bad flag, a resume
+  against another model). Exit code 2: fix the command, re-running it will not help.
+- RunFailed: the input was fine but the run could not finish (every runner server gone, a
+  tuning client that keeps dying, a latency measurement that crashed). Exit code 1: the
+  records measured so far are kept and `--resume` continues.
+"""
 
 
 class TunekitError(Exception):
-    """A problem with the user's input or environment, explained in one line."""
+    """A problem with the user's input or environment, explained in one line (exit code 2)."""
+
+
+class RunFailed(TunekitError):
+    """The run itself failed after it started, explained in one line (exit code 1)."""

@@ -6,7 +6,9 @@ import logging
 import os
 
 from .errors import TunekitError
-from .shares.share import Share, parse_pct_list
+from .results import ProfileResult
+from .run.session import ShareSession, load_model
+from .shares.share import Share, parse_pct_list, share_kind
 
 log = logging.getLogger("tunekit")
 
@@ -15,13 +17,10 @@ DEFAULT_PCTS = {"cpu": "25,50,75,100", "gpu": "10,20,30,40,50,60,80,100"}
 
 def profile_shares(*, gpu_pct: str | None, cpu_pct: str | None) -> list[Share]:
     """The shares to profile, smallest first (the knee search walks upwards)."""
-    if gpu_pct is not None and cpu_pct is not None:
-        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
-    if gpu_pct is not None:
-        from .shares.mps import gpu_present
+    if share_kind(gpu_pct, cpu_pct) == "gpu":
+        from .shares.mps import require_gpu
 
-        if not gpu_present():
-            raise TunekitError("--gpu-pct needs an NVIDIA GPU, and none was found (use --cpu-pct)")
+        require_gpu()
         shares = parse_pct_list(gpu_pct, kind="gpu")
     else:
         shares = parse_pct_list(cpu_pct if cpu_pct is not None else DEFAULT_PCTS["cpu"], kind="cpu")
@@ -40,15 +39,13 @@ def find_knee(rows: list[dict], *, tolerance: float) -> str:
 
 def profile(model: str, *, gpu_pct: str | None = None, cpu_pct: str | None = None, tolerance: float = 0.1,
             repeats: int = 20, input_shapes: dict | None = None, allow_unenforced_share: bool = False,
-            work_dir: str | None = None) -> dict:
-    """Latency of the untuned model at each share (compiled once) and the knee of that curve."""
+            work_dir: str | None = None, precision: str = "auto") -> ProfileResult:
+    """Latency of the untuned model at each share (compiled once, in `precision`) and the knee of that curve."""
     import tempfile
 
-    from .api import _ShareSession, _load_model
     from .clients.compiler import compile_and_export
-    from .frontend.tasks import prepare_for_tuning
+    from .frontend.precision import prepare
     from .servers.latency import measure_latency
-    from .shares.mps import gpu_name
     from .targets import target_for
 
     if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < 10):
@@ -57,17 +54,18 @@ def profile(model: str, *, gpu_pct: str | None = None, cpu_pct: str | None = Non
         raise TunekitError(f"--repeats must be a positive integer, got {repeats!r}")
     shares = profile_shares(gpu_pct=gpu_pct, cpu_pct=cpu_pct)
     kind = shares[0].kind
-    _, inputs, mod = _load_model(model, input_shapes or {})
-    sample = inputs.random(seed=0)
+    loaded = load_model(model, input_shapes)
+    sample = loaded.inputs.random(seed=0)
     # One untuned build serves every share: the target depends on the device, not on the share size
     # (CPU: the largest share's target; its thread count comes from the pinned env at run time).
-    target = target_for(shares[-1], gpu_name=gpu_name() if kind == "gpu" else None)
+    target = target_for(shares[-1])
     rows = []
     with tempfile.TemporaryDirectory(prefix="tunekit-profile-", dir=work_dir) as tmp:
-        artifact = compile_and_export(prepared_mod=prepare_for_tuning(mod, target), target=target, database=None,
+        prepared, _ = prepare(loaded.mod, target, precision=precision)
+        artifact = compile_and_export(prepared_mod=prepared, target=target, database=None,
                                       path=os.path.join(tmp, "untuned.so"))
         for share in shares:
-            with _ShareSession(share, allow_unenforced=allow_unenforced_share) as session:
+            with ShareSession(share, allow_unenforced=allow_unenforced_share) as session:
                 info, _ = measure_latency(artifact=artifact, inputs=sample, pinned=session.pinned, repeats=repeats)
                 row = {"share": share.label, "pct": share.pct, "median_ms": info["median_ms"],
                        "std_ms": info["std_ms"], "enforced": session.enforced}
@@ -77,5 +75,5 @@ def profile(model: str, *, gpu_pct: str | None = None, cpu_pct: str | None = Non
                     row["sm_count"] = session.sm_count
                 rows.append(row)
                 log.info("profile %s: %.4f ms", share.label, info["median_ms"])
-    return {"model": os.path.abspath(model), "kind": kind, "tolerance": tolerance, "repeats": repeats,
-            "shares": rows, "knee": find_knee(rows, tolerance=tolerance)}
+    return ProfileResult(model=os.path.abspath(model), kind=kind, tolerance=tolerance, repeats=repeats,
+                         shares=rows, knee=find_knee(rows, tolerance=tolerance))

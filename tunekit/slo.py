@@ -17,7 +17,7 @@
    ({"mode": "slo", "slo_ms", "met", "chosen", "tried", ...}).
 
 When no share meets the SLO, every candidate was tuned and the result names the best one
-(lowest tuned latency); the CLI then exits with EXIT_SLO_NOT_MET.
+(lowest tuned latency); the CLI then exits with code 3 (cli.common.EXIT_SLO_NOT_MET).
 """
 from __future__ import annotations
 
@@ -25,38 +25,17 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from .errors import TunekitError
-from .shares.share import Share, parse_pct_list
+from .results import SloResult
+from .run.session import check_out_dir
+from .shares.share import Share, parse_pct_list, share_kind
 
 log = logging.getLogger("tunekit")
 
 DEFAULT_SLO_PCTS = {"cpu": "25,50,75,100", "gpu": "20,40,60,100"}
-EXIT_SLO_NOT_MET = 3  # the `tunekit tune --slo-ms` exit code when no candidate share meets the SLO
 SLO_FILE = "slo.json"
-
-
-@dataclass
-class SloResult:
-    slo_ms: float
-    kind: str                  # "cpu" or "gpu"
-    met: bool
-    chosen: str | None         # the smallest share that met the SLO (None when none did)
-    tuned_ms: float | None     # tuned median latency at `chosen`
-    best_share: str | None     # the tried share with the lowest tuned latency (== chosen when met)
-    best_ms: float | None
-    out_dir: str
-    summary_path: str          # <out>/slo.json
-    candidates: list[dict]     # every candidate share: untuned (profile) latency and status
-    tried: list[dict]          # the shares that were tuned, smallest first
-    profile: dict = field(repr=False, default_factory=dict)
-    max_speedup: float | None = None
-
-    def share_choice(self) -> dict:
-        return {"mode": "slo", "slo_ms": self.slo_ms, "met": self.met, "chosen": self.chosen,
-                "tuned_ms": self.tuned_ms, "best_share": self.best_share, "best_ms": self.best_ms,
-                "max_speedup": self.max_speedup, "tried": self.tried, "candidates": self.candidates}
 
 
 def check_slo_ms(value) -> float:
@@ -74,10 +53,8 @@ def check_slo_ms(value) -> float:
 
 def candidate_shares(*, gpu_pct, cpu_pct) -> list[Share]:
     """The candidate shares, smallest first; the default list when no pct is given."""
-    if gpu_pct is not None and cpu_pct is not None:
-        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
-    kind = "gpu" if gpu_pct is not None else "cpu"
-    text = gpu_pct if gpu_pct is not None else cpu_pct
+    kind = share_kind(gpu_pct, cpu_pct)
+    text = gpu_pct if kind == "gpu" else cpu_pct
     if isinstance(text, (list, tuple)):
         text = ",".join(str(p) for p in text)
     if text is not None and any(p.strip().lower() == "auto" for p in str(text).split(",")):
@@ -87,10 +64,9 @@ def candidate_shares(*, gpu_pct, cpu_pct) -> list[Share]:
         text = DEFAULT_SLO_PCTS[kind]
     shares = parse_pct_list(text, kind=kind)
     if kind == "gpu":
-        from .shares.mps import gpu_present
+        from .shares.mps import require_gpu
 
-        if not gpu_present():
-            raise TunekitError("--gpu-pct needs an NVIDIA GPU, and none was found (use --cpu-pct)")
+        require_gpu()
     return sorted(set(shares), key=lambda s: s.pct)
 
 
@@ -98,7 +74,7 @@ def _write_summary(result: SloResult) -> None:
     from .atomic import write_json_atomic
 
     # The CLI's --json output, plus the share_choice that every tuned share's report.json carries.
-    write_json_atomic(result.summary_path, {**asdict(result), "share_choice": result.share_choice()})
+    write_json_atomic(result.summary_path, {**result.to_dict(), "share_choice": result.share_choice()})
 
 
 def _stamp_reports(result: SloResult) -> None:
@@ -121,13 +97,14 @@ def _pct_kwargs(share: Share) -> dict:
 
 def tune_for_slo(model: str, *, slo_ms: float, gpu_pct=None, cpu_pct=None, trials: int | None = None,
                  out: str | None = None, config=None, max_speedup: float | None = None,
-                 show_progress: bool = False) -> SloResult:
+                 show_progress: bool = False, tune: Callable, profile: Callable) -> SloResult:
     """Tune `model` at the smallest candidate share whose tuned latency meets `slo_ms`.
 
     gpu_pct / cpu_pct: candidate shares ("20,40,100", a list, or one int); default
     DEFAULT_SLO_PCTS. `trials` (or config.trials) is the budget of *each* tuned share.
-    Each share is tuned into `<out>/<share>/`; `<out>/slo.json` holds the result."""
-    from . import api, profiling
+    Each share is tuned into `<out>/<share>/`; `<out>/slo.json` holds the result.
+    `tune` and `profile` are the API's (tunekit.tune / tunekit.profile), passed in as Optuna's
+    `optimize` takes its objective: the walk itself only decides which share to tune next."""
     from .config import TuneConfig
 
     slo = check_slo_ms(slo_ms)
@@ -138,24 +115,21 @@ def tune_for_slo(model: str, *, slo_ms: float, gpu_pct=None, cpu_pct=None, trial
         max_speedup = float(max_speedup)
     shares = candidate_shares(gpu_pct=gpu_pct, cpu_pct=cpu_pct)
     kind = shares[0].kind
-    config = config or TuneConfig()
-    if trials is not None:
-        import dataclasses
-
-        config = dataclasses.replace(config, trials=trials)
+    config = (config or TuneConfig()).with_trials(trials)
     model_name = os.path.splitext(os.path.basename(model))[0]
     out = out or os.path.join("tunekit-out", f"{model_name}-slo-{kind}")
-    api._check_out_dir(out)
+    check_out_dir(out)
 
     pct_list = ",".join(str(s.pct) for s in shares)
-    prof = profiling.profile(model, **{f"{kind}_pct": pct_list}, repeats=config.measure_repeats,
-                             input_shapes=config.input_shapes, allow_unenforced_share=config.allow_unenforced_share)
-    untuned = {row["share"]: row["median_ms"] for row in prof["shares"]}
+    prof = profile(model, **{f"{kind}_pct": pct_list}, repeats=config.measure_repeats,
+                   input_shapes=config.input_shapes, allow_unenforced_share=config.allow_unenforced_share,
+                   precision=config.precision)
+    untuned = {row["share"]: row["median_ms"] for row in prof.shares}
     candidates = [{"share": s.label, "pct": s.pct, "untuned_ms": untuned[s.label], "status": "pending"}
                   for s in shares]
     result = SloResult(slo_ms=slo, kind=kind, met=False, chosen=None, tuned_ms=None, best_share=None, best_ms=None,
                        out_dir=out, summary_path=os.path.join(out, SLO_FILE), candidates=candidates, tried=[],
-                       profile=prof, max_speedup=max_speedup)
+                       profile=prof.to_dict(), max_speedup=max_speedup)
     log.info("slo %.4g ms: candidates %s (untuned %s)", slo, [s.label for s in shares],
              ", ".join(f"{k} {v:.4g} ms" for k, v in untuned.items()))
     _write_summary(result)
@@ -178,7 +152,7 @@ def tune_for_slo(model: str, *, slo_ms: float, gpu_pct=None, cpu_pct=None, trial
         share_out = os.path.join(out, share.label)
         log.info("slo: tuning at %s (%d trials) into %s", share.label, config.trials, share_out)
         ms_logger.setLevel(ms_level)
-        tuned = api.tune(model, **_pct_kwargs(share), out=share_out, config=config, show_progress=show_progress)
+        tuned = tune(model, **_pct_kwargs(share), out=share_out, config=config, show_progress=show_progress)
         met = tuned.tuned_ms <= slo
         row = {"share": share.label, "pct": share.pct, "untuned_ms": tuned.untuned_ms, "tuned_ms": tuned.tuned_ms,
                "profile_untuned_ms": cand["untuned_ms"], "met": met, "trials": tuned.trials,

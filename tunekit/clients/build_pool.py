@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 
+from .build_config import build_configs, uses_tensor_cores
+from .build_profile import ProfileTotals
+
 # Workers are recycled after this many builds: TVM notes a slow memory growth in long-lived
 # Popen workers, and a restart every few hundred builds costs nothing measurable.
 _RECYCLE_AFTER = 256
@@ -37,25 +40,49 @@ class BuildTiming:
 def _worker_init(cores: list[int] | None, cuda_aot: bool) -> None:
     if cores:
         os.sched_setaffinity(0, cores)
-    # Import TVM once per worker, not per batch. Not `tvm.s_tir.tensor_intrin` (24 s on 2 cores),
-    # which stock imports in every worker: a candidate arrives already scheduled and tensorized.
+    # Import TVM once per worker, not per batch. Not all of `tvm.s_tir.tensor_intrin` (24 s on 2
+    # cores), which stock imports in every worker; but a CUDA worker needs the CUDA intrinsics'
+    # module: the mma codegen of a tensorized candidate looks up index-map functions registered
+    # there (shared_16x16_to_ldmatrix_32x8_layout, ...; the stock builder's fix is TVM PR #18525).
     import tvm  # noqa: F401
 
     if cuda_aot:
         import tvm.support.nvcc  # noqa: F401  (registers tvm_callback_cuda_compile: cubin at build time)
 
+        from .build_profile import time_nvrtc
+        from .intrinsics import import_for_target
+
+        import_for_target("cuda")
+        time_nvrtc()
+
 
 def _build_one(mod, target, artifact_dir: str):
-    from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    from .build_profile import build_with_profile, max_unroll_step
 
     started = time.perf_counter()
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    rt_mod = tvm_build(mod, target=target)
-    fd, path = tempfile.mkstemp(prefix="cand-", suffix=".so", dir=artifact_dir)
-    os.close(fd)
-    rt_mod.export_library(path)  # a linked .so: the server only dlopens it
-    return path, time.perf_counter() - started
+    script = mod.script()
+    tensor_core = uses_tensor_cores(script)
+
+    def export(rt_mod) -> str:
+        fd, path = tempfile.mkstemp(prefix="cand-", suffix=".so", dir=artifact_dir)
+        os.close(fd)
+        rt_mod.export_library(path)  # a linked .so: the server only dlopens it
+        return path
+
+    configs = build_configs(target, tensor_core=tensor_core)
+    for attempt, config in enumerate(configs):
+        try:
+            path, profile = build_with_profile(mod, target, export, config=config)
+            break
+        except Exception:
+            if attempt == len(configs) - 1:
+                raise
+    profile.update(max_unroll_step=max_unroll_step(script), tensor_core=tensor_core,
+                   retried_without_storage_rewrite=bool(config) and attempt > 0)
+    return path, time.perf_counter() - started, profile
 
 
 @derived_object
@@ -76,6 +103,7 @@ class BuildPool(PyBuilder):
         self.artifact_dir = artifact_dir or tempfile.mkdtemp(prefix="tunekit-build-")
         os.makedirs(self.artifact_dir, exist_ok=True)
         self.last_timings: list[BuildTiming] = []
+        self.profile = ProfileTotals()  # where build time went, over every candidate built
         self._pool = PopenPoolExecutor(max_workers=self.workers, timeout=timeout_s, initializer=_worker_init,
                                        initargs=(cores, cuda_aot), maximum_process_uses=_RECYCLE_AFTER)
         # Start every worker now (TVM import ~1-2 s each) so the first batch does not wait for it.
@@ -88,7 +116,8 @@ class BuildPool(PyBuilder):
         jobs = [(inp.mod, inp.target, self.artifact_dir) for inp in build_inputs]
         for outcome in self._pool.map_with_error_catching(lambda job: _build_one(*job), jobs):
             if outcome.status == StatusKind.COMPLETE:
-                path, secs = outcome.value
+                path, secs, profile = outcome.value
+                self.profile.add(profile)
                 results.append(BuilderResult(path, None))
                 timings.append(BuildTiming(secs, True))
             elif outcome.status == StatusKind.TIMEOUT:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner
 
+from ..counts import sum_counts
+
 
 @derived_object
 class FanoutRunner(PyRunner):
@@ -48,11 +50,7 @@ class FanoutRunner(PyRunner):
         return sum(r.session_failures for r in self.runners)
 
     def fault_counts(self) -> dict:
-        totals: dict = {}
-        for runner in self.runners:
-            for key, value in runner.fault_counts().items():
-                totals[key] = totals.get(key, 0) + value
-        return totals
+        return sum_counts(runner.fault_counts() for runner in self.runners)
 
     def shutdown(self) -> None:
         for runner in self.runners:

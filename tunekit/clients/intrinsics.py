@@ -28,6 +28,11 @@ def prepare_metaschedule_logging() -> None:
     for handler in list(ms_logger.handlers):
         if not handler.get_name():
             ms_logger.removeHandler(handler)
+    # MetaSchedule gives its console handler the level its logger has when the first TuneContext is
+    # made, DEBUG if unset: every XGBoost round on the user's terminal (its log files under
+    # <out>/work/logs keep them). A level the user set is kept.
+    if ms_logger.level == logging.NOTSET:
+        ms_logger.setLevel(logging.WARNING)
 
 
 def import_for_target(kind: str) -> None:

@@ -41,14 +41,14 @@ import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
-from ..errors import TunekitError
+from ..errors import RunFailed
 
 log = logging.getLogger("tunekit.runner")
 
 NOT_MEASURED = "tunekit SessionRunner: not measured"
 
 
-class ServersGone(TunekitError):
+class ServersGone(RunFailed):
     """No runner server of the share could be reached for longer than servers_gone_timeout_s."""
 
 

@@ -20,6 +20,7 @@ class TrialPool:
         self.reassigned = 0    # trials taken from the pool by tasks that still improve
         self.measured = 0
         self.best: dict[str, float] = {}
+        self._released_by: dict[str, int] = {}  # key -> the total it declared released so far
 
     def take(self, wanted: int) -> int:
         with self._lock:
@@ -28,10 +29,18 @@ class TrialPool:
             self.reassigned += granted
             return granted
 
-    def release(self, count: int) -> None:
+    def release(self, count: int, key: str | None = None) -> None:
+        """Give `count` trials back. With `key` (a client's task), `count` is the total that key has
+        given back so far, and only what is new is added: a client restarted on its shard recomputes
+        the same unused budgets its predecessor already gave back, and they must not count twice."""
         with self._lock:
-            self.available += max(0, int(count))
-            self.released += max(0, int(count))
+            count = max(0, int(count))
+            if key is not None:
+                before = self._released_by.get(key, 0)
+                self._released_by[key] = max(before, count)
+                count = max(0, count - before)
+            self.available += count
+            self.released += count
 
     def report(self, measured: int, task: str | None = None, best_us: float | None = None) -> None:
         with self._lock:
@@ -67,10 +76,10 @@ class RemotePool:
 
         return ray.get(self.handle.take.remote(wanted))
 
-    def release(self, count: int) -> None:
+    def release(self, count: int, key: str | None = None) -> None:
         import ray
 
-        ray.get(self.handle.release.remote(count))
+        ray.get(self.handle.release.remote(count, key))
 
     def report(self, measured: int, task: str | None = None, best_us: float | None = None) -> None:
         self.handle.report.remote(measured, task, best_us)  # fire and forget: progress only

@@ -11,9 +11,12 @@ device; what limits a server physically is MPS (GPU) or its CPU affinity.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from ..counts import sum_counts
 from ..servers.fleet import FleetConfig, RunnerFleet
+from ..shares.cpu import thread_env
 from ..shares.pinning import PinnedEnv, pinned_env
 from ..shares.share import Share
 
@@ -24,7 +27,7 @@ NODE_ADDRESS = "node"  # listen on the address other nodes reach this one at (Ra
 class ShareFleetImpl:
     def __init__(self, *, share_kind: str, pct: int, key: str, device: int | None, core_sets: list[list[int]],
                  servers: int, server_mode: str = "warm", mps_env: dict | None = None, host: str = "127.0.0.1",
-                 secret: bytes | None = None):
+                 secret: bytes | None = None, log_dir: str | None = None):
         """`host`: 127.0.0.1 when every client is on this machine; NODE_ADDRESS on a cluster of
         several machines (the tracker and servers then listen on this node's IP, which the servers
         also give the tracker, and demand `secret` from every client)."""
@@ -35,17 +38,15 @@ class ShareFleetImpl:
         self.share = Share(share_kind, pct)
         self.key = key
         self.fleets: list[RunnerFleet] = []
-        config = FleetConfig(servers=1, server_mode=server_mode, host=host, secret=secret)
+        config = FleetConfig(servers=1, server_mode=server_mode, host=host, secret=secret, log_dir=log_dir)
         if share_kind == "gpu":
             pinned = pinned_env(self.share, mps_env=mps_env or {})
             pinned.env["CUDA_VISIBLE_DEVICES"] = str(device)
             self.fleets.append(RunnerFleet(key=f"{key}-gpu{device}", pinned=pinned,
-                                           config=FleetConfig(servers=servers, server_mode=server_mode, host=host,
-                                                              secret=secret)))
+                                           config=dataclasses.replace(config, servers=servers)))
         else:
             for j, cores in enumerate(core_sets):
-                env = {"TVM_NUM_THREADS": str(len(cores)), "OMP_NUM_THREADS": str(len(cores))}
-                self.fleets.append(RunnerFleet(key=f"{key}-s{j}", pinned=PinnedEnv(self.share, env, cores),
+                self.fleets.append(RunnerFleet(key=f"{key}-s{j}", pinned=PinnedEnv(self.share, thread_env(cores), cores),
                                                config=config))
 
     def start(self) -> list[dict]:
@@ -65,11 +66,7 @@ class ShareFleetImpl:
         return sum(f.restarts for f in self.fleets)
 
     def fault_counts(self) -> dict:
-        totals: dict = {}
-        for fleet in self.fleets:
-            for key, value in fleet.fault_counts().items():
-                totals[key] = totals.get(key, 0) + value
-        return totals
+        return sum_counts(fleet.fault_counts() for fleet in self.fleets)
 
     def server_pids(self) -> list[int]:
         return [pid for f in self.fleets for pid in f.server_pids]

@@ -27,15 +27,6 @@ class TaskPlan:
         return max(self.flops, 1.0) * max(self.weight, 1) * self.budget
 
 
-def task_flops(mod) -> float:
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        return float(estimate_tir_flops(mod))
-    except Exception:  # an op the estimator does not know: count it as cheap, not as an error
-        return 1.0
-
-
 def allocate_trials(flops_weights: list[float], total: int) -> list[int]:
     """Split `total` trials over tasks: every task gets an even part (a small task still needs a few
     trials to find its schedule), the rest goes by FLOPs x weight (heavy kernels have more to gain).

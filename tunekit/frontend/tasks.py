@@ -5,7 +5,8 @@ from ..errors import TunekitError
 
 
 def prepare_for_tuning(mod, target):
-    """The passes extract_tasks needs: without them it silently returns no tasks."""
+    """The passes extract_tasks needs: without them it silently returns no tasks. Records apply to
+    the module this returns. (frontend.precision.prepare converts the precision first.)"""
     from tvm import relax
 
     with target:
@@ -22,3 +23,22 @@ def extract_tasks(prepared_mod, target):
     if not tasks:
         raise TunekitError("the model produced no tuning tasks")
     return tasks
+
+
+def task_flops(mod) -> float:
+    """Floating-point operations of one call of a task's kernel (TVM's estimate); 1.0 when the
+    estimator does not know an op (cheap, not an error)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(mod))
+    except Exception:
+        return 1.0
+
+
+def task_family(name: str) -> str:
+    """The operator a task is about, from its name: "fused_conv2d1_add1_relu1" -> "conv2d". Tasks of one
+    family are "similar" to the scheduler (their FLOP rates are comparable)."""
+    parts = [p for p in name.split("_") if p and p != "fused"]
+    head = parts[0] if parts else name
+    return head.rstrip("0123456789") or head

@@ -9,9 +9,7 @@ import json
 import os
 
 from ..errors import TunekitError
-
-WORKLOADS = "database_workload.json"
-RECORDS = "database_tuning_record.json"
+from .jsonl import RECORDS, WORKLOADS, count_records, read_records, read_workloads
 
 
 FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed candidate
@@ -136,11 +134,7 @@ def commit_workload_durably(database, mod):
 
 def count_trials(path: str) -> int:
     """Trials already in a database dir (0 if there is none): complete lines only."""
-    records = os.path.join(path, RECORDS)
-    if not os.path.isfile(records):
-        return 0
-    with open(records) as fh:
-        return sum(1 for line in fh if line.strip().endswith("]"))
+    return count_records(path)
 
 
 def find_share_databases(records_dir: str) -> dict[str, str]:
@@ -160,29 +154,16 @@ def find_share_databases(records_dir: str) -> dict[str, str]:
 
 def summarize(path: str) -> dict:
     """Per-workload trial counts and best latency, read straight from the JSON lines."""
-    workloads = []
-    with open(os.path.join(path, WORKLOADS)) as fh:
-        for line in fh:
-            if line.strip():
-                workloads.append(line)
-    per = {}
+    per: dict = {}
     total = failed = 0
-    with open(os.path.join(path, RECORDS)) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                index, (_trace, run_secs, _target, _args) = json.loads(line)
-            except (ValueError, TypeError):
-                continue  # a line cut off by a crash: skip it, keep the rest
-            total += 1
-            entry = per.setdefault(index, {"trials": 0, "best_us": None})
-            entry["trials"] += 1
-            mean_us = mean_run_us(run_secs)
-            if mean_us is None:
-                failed += 1
-                continue
-            if entry["best_us"] is None or mean_us < entry["best_us"]:
-                entry["best_us"] = mean_us
-    return {"path": path, "workloads": len(workloads), "trials": total, "failed_trials": failed,
+    for line in read_records(path):
+        total += 1
+        entry = per.setdefault(line.workload, {"trials": 0, "best_us": None})
+        entry["trials"] += 1
+        mean_us = mean_run_us(line.run_secs)
+        if mean_us is None:
+            failed += 1
+        elif entry["best_us"] is None or mean_us < entry["best_us"]:
+            entry["best_us"] = mean_us
+    return {"path": path, "workloads": len(read_workloads(path)), "trials": total, "failed_trials": failed,
             "per_workload": [{"workload": k, **v} for k, v in sorted(per.items())]}

@@ -25,9 +25,25 @@ def model_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def run_identity(*, model_path: str, share_label: str, target, device: str, input_shapes: dict) -> dict:
-    return {"model_sha256": model_digest(model_path), "share": share_label, "target": str(target.export()),
-            "device": device, "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())}}
+def run_identity(*, model_sha256: str, share_label: str, target, device: str, input_shapes: dict,
+                 precision: str = "fp32") -> dict:
+    """`model_sha256`: the ONNX file's digest (model_digest), or a torch module's (frontend.torch_loader)."""
+    return {"model_sha256": model_sha256, "share": share_label, "target": str(target.export()),
+            "device": device, "input_shapes": {k: list(v) for k, v in sorted(input_shapes.items())},
+            "precision": precision}
+
+
+def read_identity(db_dir: str) -> dict:
+    """What a database was tuned for ({} when it says nothing); records before precision was
+    recorded were tuned in fp32."""
+    path = os.path.join(db_dir, IDENTITY_FILE)
+    try:
+        with open(path) as fh:
+            identity = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    identity.setdefault("precision", "fp32")
+    return identity
 
 
 def check_or_write(db_dir: str, identity: dict, *, resume: bool, existing_trials: int) -> None:
@@ -36,10 +52,9 @@ def check_or_write(db_dir: str, identity: dict, *, resume: bool, existing_trials
         raise TunekitError(f"{db_dir} already holds {existing_trials} trials from an earlier run: "
                            "pass --resume to continue it, or choose another --out")
     if os.path.isfile(path) and (resume or existing_trials):
-        with open(path) as fh:
-            before = json.load(fh)
+        before = read_identity(db_dir)
         for key, label in (("model_sha256", "model"), ("share", "share"), ("target", "target"),
-                           ("device", "device"), ("input_shapes", "input shapes")):
+                           ("device", "device"), ("input_shapes", "input shapes"), ("precision", "precision")):
             if before.get(key) != identity.get(key):
                 raise TunekitError(f"cannot resume: {db_dir} was tuned for another {label} "
                                    f"({before.get(key)!r}, now {identity.get(key)!r})")

@@ -22,14 +22,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import TunekitError
+from ..errors import RunFailed, TunekitError
 from ..shares.pinning import PinnedEnv
+from .launcher import ServerLauncher
 from .ports import free_port
 from .warm_server import SECRET_ENV, is_loopback
 
 log = logging.getLogger("tunekit.servers")
 
-SERVER_MODES = ("warm", "stock")
 MIN_SECRET_CHARS = 16
 _WILDCARDS = ("0.0.0.0", "::", "")
 
@@ -62,7 +62,7 @@ def check_listen(host: str, secret: bytes | None, server_mode: str) -> None:
     """Refuse a network-reachable tracker/servers that anyone could send code to."""
     if is_loopback(host):
         return
-    if server_mode != "warm":
+    if not ServerLauncher.create(server_mode).checks_secret:
         raise TunekitError(f"--listen-host {host}: stock servers (--server-mode stock) cannot check a secret "
                            "and run any code they are sent, so they listen on 127.0.0.1 only")
     if not secret:
@@ -95,6 +95,8 @@ class FleetConfig:
     start_timeout_s: float = 60.0
     # Shared secret the warm servers demand from every client (required when `host` is not loopback).
     secret: bytes | None = field(default=None, repr=False)
+    # Server logs (their stderr) go here: the run's <out>/work/logs (default: a temporary file).
+    log_dir: str | None = None
 
     @property
     def connect_host(self) -> str:
@@ -125,8 +127,7 @@ class RunnerFleet:
 
     # ---- lifecycle ----
     def start(self) -> None:
-        if self.config.server_mode not in SERVER_MODES:
-            raise TunekitError(f"server mode must be one of {SERVER_MODES}, not {self.config.server_mode!r}")
+        self._launcher = ServerLauncher.create(self.config.server_mode)
         check_listen(self.config.host, self.config.secret, self.config.server_mode)
         atexit.register(self.stop)
         self.tracker_port = free_port(self.config.host)
@@ -153,21 +154,12 @@ class RunnerFleet:
 
     def _start_server(self) -> subprocess.Popen:
         port = free_port(self.config.host)
-        tracker = f"{self.config.connect_host}:{self.tracker_port}"
-        if self.config.server_mode == "warm":
-            cmd = [sys.executable, "-m", "tunekit.servers.warm_server", "--tracker", tracker,
-                   "--key", self.key, "--host", self.config.host, "--port", str(port)]
-            if self.pinned.share.kind == "gpu":
-                cmd.append("--check-cuda")
-        else:
-            cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", self.key,
-                   "--host", self.config.host, "--port", str(port), "--port-end", str(port + 1)]
-            if self.pinned.share.kind == "gpu":
-                cmd.append("--no-fork")  # fork mode fails CUDA init
+        cmd = self._launcher.command(tracker=f"{self.config.connect_host}:{self.tracker_port}", key=self.key,
+                                     host=self.config.host, port=port, gpu=self.pinned.share.kind == "gpu")
         kwargs = self.pinned.popen_kwargs()
         env = dict(kwargs.pop("env"))
         env.pop(SECRET_ENV, None)
-        if self.config.secret and self.config.server_mode == "warm":
+        if self.config.secret and self._launcher.checks_secret:
             env[SECRET_ENV] = self.config.secret.decode()  # the environment, never argv (ps shows argv)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._server_log(), env=env, **kwargs)
         proc.tunekit_port = port
@@ -179,7 +171,11 @@ class RunnerFleet:
         import tempfile
 
         if not hasattr(self, "_log_path"):
-            self._log_path = tempfile.mkstemp(prefix=f"tunekit-{self.key}-", suffix=".log")[1]
+            if self.config.log_dir:
+                os.makedirs(self.config.log_dir, exist_ok=True)
+                self._log_path = os.path.join(self.config.log_dir, f"{self.key}-servers.log")
+            else:
+                self._log_path = tempfile.mkstemp(prefix=f"tunekit-{self.key}-", suffix=".log")[1]
         return open(self._log_path, "ab")
 
     @property
@@ -193,23 +189,23 @@ class RunnerFleet:
         deadline = time.time() + self.config.start_timeout_s
         while time.time() < deadline:
             if self._tracker.poll() is not None:
-                raise TunekitError("the RPC tracker exited at start-up")
+                raise RunFailed("the RPC tracker exited at start-up")
             try:
                 socket.create_connection((self.config.connect_host, self.tracker_port), timeout=1).close()
                 return
             except OSError:
                 time.sleep(0.1)
-        raise TunekitError("the RPC tracker did not start listening")
+        raise RunFailed("the RPC tracker did not start listening")
 
     def _wait_ready(self) -> None:
         deadline = time.time() + self.config.start_timeout_s
         while time.time() < deadline:
             if self._tracker.poll() is not None:
-                raise TunekitError("the RPC tracker exited at start-up")
+                raise RunFailed("the RPC tracker exited at start-up")
             if self.free_servers() >= self.config.servers:
                 return
             time.sleep(0.3)
-        raise TunekitError(f"runner servers did not register with the tracker within {self.config.start_timeout_s:.0f} s")
+        raise RunFailed(f"runner servers did not register with the tracker within {self.config.start_timeout_s:.0f} s")
 
     def _summary(self) -> dict:
         from tvm import rpc

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from ..errors import TunekitError
+from ..errors import RunFailed, TunekitError
 from .share import Share
 
 
@@ -28,6 +28,22 @@ def gpu_present() -> bool:
             pynvml.nvmlShutdown()
     except Exception:
         return False
+
+
+def require_gpu() -> None:
+    """A GPU share needs a GPU, and NVRTC's Python bindings (builders compile each candidate's CUDA
+    to a cubin with NVRTC): one clear line when either is missing."""
+    import importlib.util
+
+    if not gpu_present():
+        raise TunekitError("--gpu-pct needs an NVIDIA GPU, and none was found (use --cpu-pct)")
+    try:
+        found = importlib.util.find_spec("cuda.bindings.nvrtc") is not None
+    except ImportError:  # no `cuda` package at all
+        found = False
+    if not found:
+        raise TunekitError("--gpu-pct needs NVRTC's Python bindings (cuda-bindings), which are not installed: "
+                           "pip install 'tunekit[gpu]'")
 
 
 def gpu_name(index: int = 0) -> str | None:
@@ -68,7 +84,7 @@ class MPSDaemon:
         proc = subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**os.environ, **self.env()},
                               capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
-            raise TunekitError(f"could not start the CUDA MPS daemon: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise RunFailed(f"could not start the CUDA MPS daemon: {proc.stderr.strip() or proc.stdout.strip()}")
         self.started_by_us = True
         time.sleep(0.5)
         return self
@@ -95,5 +111,5 @@ def sm_count_at_share(share: Share, env: dict[str, str]) -> int:
     proc = subprocess.run([sys.executable, "-c", _SM_PROBE], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
-        raise TunekitError(f"a process at {share.pct}% GPU could not start CUDA: {proc.stderr.strip()[-300:]}")
+        raise RunFailed(f"a process at {share.pct}% GPU could not start CUDA: {proc.stderr.strip()[-300:]}")
     return int(json.loads(proc.stdout.strip().splitlines()[-1])["sm"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .cpu import cpu_share_env
+from .cpu import thread_env
 from .share import Share
 
 
@@ -29,7 +29,7 @@ class PinnedEnv:
 
 def pinned_env(share: Share, *, mps_env: dict[str, str] | None = None, enforced: bool = True) -> PinnedEnv:
     if share.kind == "cpu":
-        return PinnedEnv(share, cpu_share_env(share), share.cpu_cores())
+        return PinnedEnv(share, thread_env(share.cpu_cores()), share.cpu_cores())
     env = dict(mps_env or {})
     if enforced:
         # Only tightens the daemon's limit; without a daemon it does nothing (hence the SM check).

@@ -22,6 +22,14 @@ class Share:
     def label(self) -> str:
         return f"{self.kind}{self.pct}"
 
+    @classmethod
+    def from_label(cls, label: str) -> "Share":
+        """'gpu40' -> Share("gpu", 40): the inverse of `label` (database dirs are named by it)."""
+        try:
+            return cls(label[:3], int(label[3:]))
+        except ValueError:
+            raise TunekitError(f"{label!r} is not a share label such as gpu40 or cpu50") from None
+
     # ---- CPU shares: a disjoint-able core set of the right size ----
     def cpu_cores(self, *, first_core: int = 0) -> list[int]:
         """Cores this share is pinned to: pct of the cores this process may use, at least one."""
@@ -29,6 +37,14 @@ class Share:
         count = max(1, round(len(available) * self.pct / 100))
         start = first_core % len(available)
         return [available[(start + i) % len(available)] for i in range(count)]
+
+
+def share_kind(gpu_pct, cpu_pct) -> str:
+    """Which kind of share a command is for: "gpu" when --gpu-pct is given, else "cpu" (the default,
+    since a GPU is not guaranteed on laptops and CI machines). Both at once is refused."""
+    if gpu_pct is not None and cpu_pct is not None:
+        raise TunekitError("give either --gpu-pct or --cpu-pct, not both")
+    return "gpu" if gpu_pct is not None else "cpu"
 
 
 def parse_pct_list(text: str | int, *, kind: str) -> list[Share]:

@@ -1,0 +1,263 @@
+"""tunekit against what users already run: PyTorch eager, CUDA graphs and torch.compile (fp32 with
+TF32, and fp16) and tunekit untuned / tuned at wall-clock budgets, at MPS shares, one machine.
+
+Resumable across device calls of <= 10 minutes: every step appends to <results>/vs_pytorch.json and
+skips what is already there; a tuning run continues with `tunekit tune --resume --time-budget`.
+
+  python benchmarks/vs_pytorch.py export  --models resnet18,resnet50,mobilenet_v2,bert --work /tmp/vs
+  python benchmarks/vs_pytorch.py pytorch --models resnet18 --pcts 40,100 --work /tmp/vs --results DIR
+  python benchmarks/vs_pytorch.py untuned --models resnet18 --pcts 40,100 --work /tmp/vs --results DIR
+  python benchmarks/vs_pytorch.py tune    --models resnet18 --pcts 40 --budgets 600,1800 --call-s 540 ...
+  python benchmarks/vs_pytorch.py table   --results DIR          # -> DIR/vs_pytorch.md
+
+Models come from benchmarks/torch_models.py (random weights, seed 0; BERT-base at sequence 128).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _load(path: str) -> dict:
+    if os.path.isfile(path):
+        with open(path) as fh:
+            return json.load(fh)
+    return {"models": {}}
+
+
+def _save(state: dict, path: str) -> None:
+    from tunekit.atomic import write_json_atomic
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json_atomic(path, state, indent=1)
+
+
+def _onnx(work: str, model: str) -> str:
+    return os.path.join(work, f"{model}.onnx")
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.path = os.path.join(args.results, "vs_pytorch.json")
+        self.state = _load(self.path)
+        self.state.setdefault("machine", _machine())
+        self.started = time.time()
+        self.mps = None
+
+    def model(self, name: str) -> dict:
+        return self.state["models"].setdefault(name, {"pytorch": {}, "tunekit": {}})
+
+    def save(self) -> None:
+        _save(self.state, self.path)
+
+    def time_left(self) -> float:
+        return self.args.call_s - (time.time() - self.started)
+
+    def pinned_env(self, pct: int) -> dict:
+        """The environment of a process at `pct`% of the GPU, under this benchmark's MPS daemon."""
+        from tunekit.shares.mps import MPSDaemon
+        from tunekit.shares.pinning import pinned_env
+        from tunekit.shares.share import Share
+
+        if self.mps is None:
+            self.mps = MPSDaemon().start()
+            os.environ.update(self.mps.env())  # tunekit commands started from here reuse this daemon
+        return {**os.environ, **pinned_env(Share("gpu", pct), mps_env=self.mps.env()).env}
+
+    def close(self) -> None:
+        if self.mps is not None:
+            self.mps.stop()
+
+    # ---------------------------------------------------------------- steps
+    def export(self) -> None:
+        os.makedirs(self.args.work, exist_ok=True)
+        for name in self.args.models:
+            if not os.path.isfile(_onnx(self.args.work, name)):
+                _run([sys.executable, os.path.join(HERE, "torch_models.py"), "export", "--model", name, "--out",
+                      _onnx(self.args.work, name)], timeout=600)
+
+    def pytorch(self) -> None:
+        for name in self.args.models:
+            for pct in self.args.pcts:
+                rows = self.model(name)["pytorch"].setdefault(f"gpu{pct}", {})
+                todo = [v for v in self.args.variants if v not in rows
+                        and (not v.startswith("compile") or pct in self.args.compile_pcts)]
+                if not todo or self.time_left() < 60:
+                    continue
+                stdout = _run_partial([sys.executable, os.path.join(HERE, "torch_models.py"), "time", "--model",
+                                       name, "--variants", ",".join(todo), "--repeats", str(self.args.repeats)],
+                                      env=self.pinned_env(pct), timeout=max(60, self.time_left()))
+                for line in stdout.splitlines():
+                    if line.startswith("{"):
+                        row = json.loads(line)
+                        rows[row["variant"]] = row
+                self.save()
+                print(f"pytorch {name} gpu{pct}: {rows}", file=sys.stderr, flush=True)
+
+    def untuned(self) -> None:
+        """tunekit's untuned model (DLight, fp16 + NHWC + CUDA graphs on tensor-core GPUs) per share."""
+        for name in self.args.models:
+            entry = self.model(name)["tunekit"]
+            pcts = [p for p in self.args.pcts if "untuned_ms" not in entry.get(f"gpu{p}", {})]
+            if not pcts or self.time_left() < 90:
+                continue
+            self.pinned_env(pcts[0])  # the MPS daemon, reused by the command
+            proc = _run([sys.executable, "-m", "tunekit.cli", "profile", _onnx(self.args.work, name), "--gpu-pct",
+                         ",".join(map(str, pcts)), "--repeats", "100", "--json"], timeout=max(90, self.time_left()))
+            for row in json.loads(proc.stdout)["shares"]:
+                entry.setdefault(row["share"], {}).update(untuned_ms=row["median_ms"], sm_count=row.get("sm_count"))
+            self.save()
+
+    def tune(self) -> None:
+        for name in self.args.models:
+            for pct in self.args.pcts:
+                self._tune_share(name, pct)
+
+    def _tune_share(self, name: str, pct: int) -> None:
+        entry = self.model(name)["tunekit"].setdefault(f"gpu{pct}", {})
+        entry.setdefault("checkpoints", [])
+        out = os.path.join(self.args.work, f"tune-{name}-gpu{pct}")
+        while True:
+            spent = entry.get("tuning_s", 0.0)
+            due = [b for b in self.args.budgets if b > spent - 1 and not any(c["budget_s"] == b
+                                                                                for c in entry["checkpoints"])]
+            if not due or self.time_left() < self.args.startup_s + 60:
+                return
+            budget = min(due[0] - spent, self.time_left() - self.args.startup_s)
+            self.pinned_env(pct)
+            cmd = [sys.executable, "-m", "tunekit.cli", "tune", _onnx(self.args.work, name), "--gpu-pct", str(pct),
+                   "--trials", "1000000", "--trials-per-iter", str(self.args.trials_per_iter), "--time-budget",
+                   f"{max(30.0, budget):.0f}", "--out", out, "--json", *self.args.tune_flags]
+            if os.path.isdir(os.path.join(out, f"records-gpu{pct}")):
+                cmd.append("--resume")
+            proc = _run(cmd, timeout=self.time_left() + 120, check=False)
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                entry["error"] = proc.stderr.strip().splitlines()[-1][:400] if proc.stderr.strip() else "failed"
+                self.save()
+                return
+            report = json.loads(proc.stdout)["report"]
+            entry["tuning_s"] = spent + report["tuning_wall_s"]
+            entry["trials"] = entry.get("trials", 0) + report["trials"]["measured"]
+            entry["calls"] = entry.get("calls", 0) + 1
+            entry.setdefault("untuned_ms", report["latency_ms"]["untuned"]["median_ms"])
+            entry["last"] = _summary(report)
+            if entry["tuning_s"] >= due[0] - 5:
+                entry["checkpoints"].append({"budget_s": due[0], **entry["last"], "tuning_s": entry["tuning_s"],
+                                             "trials": entry["trials"]})
+            self.save()
+            with open(os.path.join(self.args.results, f"report-{name}-gpu{pct}.json"), "w") as fh:
+                json.dump(report, fh, indent=1, default=str)
+
+
+def _summary(report: dict) -> dict:
+    tasks = report["tasks"]
+    return {"tuned_ms": report["latency_ms"]["tuned"]["median_ms"],
+            "untuned_ms": report["latency_ms"]["untuned"]["median_ms"],
+            "no_cuda_graph_ms": (report.get("latency_without_cuda_graph_ms") or {}).get("median_ms"),
+            "precision": report.get("precision"), "artifact_choice": report.get("artifact_choice"),
+            "tensor_cores": report.get("tensor_cores"), "numerics": report.get("numerics", {}).get("tuned"),
+            "tasks_tuned": sum(1 for t in tasks if t.get("trials")), "tasks": len(tasks),
+            "per_trial_s": report["tuning_wall_s"] / max(1, report["trials"]["measured"])}
+
+
+def _run(cmd: list[str], *, timeout: float, env: dict | None = None, check: bool = True):
+    print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _run_partial(cmd: list[str], *, timeout: float, env: dict) -> str:
+    """stdout of `cmd`, also what it printed before it ran out of time (one JSON line per variant)."""
+    print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env).stdout
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or b""
+        return out.decode() if isinstance(out, bytes) else out
+
+
+def _machine() -> str:
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError:
+        gpu = "no GPU"
+    return f"{gpu}; {os.cpu_count()} CPU cores; Python {platform.python_version()}"
+
+
+def _ms(value) -> str:
+    return f"{value:.3f}" if value else "–"
+
+
+def table(state: dict) -> str:
+    """One row per model and share: PyTorch's variants, tunekit untuned and at each budget, ratio."""
+    variants = ("eager-fp32", "graphs-fp32", "compile-fp32", "eager-fp16", "graphs-fp16", "compile-fp16")
+    lines = [f"Machine: {state.get('machine')}", "",
+             "| model | share | PyTorch eager fp32 (TF32) | graphs fp32 (TF32) | compile fp32 (TF32) | eager fp16 | "
+             "graphs fp16 | compile fp16 | best PyTorch | tunekit untuned | tunekit tuned (budget: trials, ms) | "
+             "tunekit / best PyTorch |", "|" + " --- |" * 2 + " ---: |" * 10]
+    for name, entry in state["models"].items():
+        for share in sorted(set(entry["pytorch"]) | set(entry["tunekit"]), key=lambda s: int(s[3:])):
+            cells = [entry["pytorch"].get(share, {}).get(v, {}).get("median_ms") for v in variants]
+            best = min((c for c in cells if c), default=None)
+            mine = entry["tunekit"].get(share, {})
+            tuned = "; ".join(f"{c['budget_s'] / 60:.0f} min: {c['trials']}, {c['tuned_ms']:.3f}"
+                              for c in mine.get("checkpoints", []))
+            last = (mine.get("checkpoints") or [{}])[-1].get("tuned_ms") or mine.get("untuned_ms")
+            ratio = f"{last / best:.2f}" if last and best else ""
+            lines.append(f"| {name} | {share} | " + " | ".join(_ms(c) for c in cells)
+                         + f" | {_ms(best)} | {_ms(mine.get('untuned_ms'))} | {tuned or '–'} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["export", "pytorch", "untuned", "tune", "table", "all"])
+    parser.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,bert")
+    parser.add_argument("--pcts", default="40,100")
+    parser.add_argument("--variants", default="eager-fp32,graphs-fp32,compile-fp32,eager-fp16,graphs-fp16,compile-fp16")
+    parser.add_argument("--budgets", default="600,1800", help="tuning checkpoints, seconds of tuning wall")
+    parser.add_argument("--call-s", type=float, default=540, help="stop starting work after this many seconds")
+    parser.add_argument("--startup-s", type=float, default=150, help="a tune command's time outside tuning")
+    parser.add_argument("--trials-per-iter", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--compile-pcts", help="shares at which torch.compile is measured (default: all; each "
+                        "costs a compile of 20-60 s)")
+    parser.add_argument("--tune-flags", default="", help="more `tunekit tune` flags, space-separated")
+    parser.add_argument("--work", default="/tmp/vs")
+    parser.add_argument("--results", default="benchmarks/results/h100-vs-pytorch")
+    args = parser.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.pcts = [int(p) for p in args.pcts.split(",") if p]
+    args.variants = [v for v in args.variants.split(",") if v]
+    args.compile_pcts = [int(p) for p in args.compile_pcts.split(",")] if args.compile_pcts else args.pcts
+    args.budgets = sorted(float(b) for b in args.budgets.split(",") if b)
+    args.tune_flags = args.tune_flags.split()
+    bench = Bench(args)
+    try:
+        steps = ["export", "pytorch", "untuned", "tune"] if args.step == "all" else [args.step]
+        for step in steps:
+            if step != "table":
+                getattr(bench, step)()
+    finally:
+        bench.close()
+        bench.save()
+        with open(os.path.join(args.results, "vs_pytorch.md"), "w") as fh:
+            fh.write(table(bench.state))
+    print(table(bench.state))
+
+
+if __name__ == "__main__":
+    main()

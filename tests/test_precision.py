@@ -1,0 +1,164 @@
+"""fp16 tensor-core tasks, CUDA graphs, the numerics gate and the GPU target, checked on CPU: a CUDA
+target compiles and schedules without a GPU (codegen emits CUDA source; nothing runs it here)."""
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm.target import Target
+
+from tunekit.errors import RunFailed, TunekitError
+from tunekit.frontend.precision import prepare, resolve_precision
+from tunekit.frontend.tasks import extract_tasks
+from tunekit.numerics import BOUNDS, check, compare_outputs
+from tunekit.run.session import load_model
+from tunekit.shares.share import Share
+from tunekit.targets import GpuInfo, cuda_target, target_for
+from tunekit.testing import run_cli
+
+H100 = "nvidia/nvidia-h100"
+
+
+def _buffer_dtypes(task) -> set[str]:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return {str(info.as_json()[1]) for func in task.mod.functions.values() for info in ArgInfo.from_prim_func(func)}
+
+
+@pytest.fixture(scope="module")
+def fp16_tasks(example_model):
+    prepared, precision = prepare(load_model(example_model).mod, Target(H100), precision="auto")
+    return prepared, precision, extract_tasks(prepared, Target(H100))
+
+
+def test_precision_is_chosen_by_the_target():
+    assert resolve_precision("auto", Target(H100)) == "fp16"
+    assert resolve_precision("auto", target_for(Share("cpu", 50))) == "fp32"
+    assert resolve_precision("auto", cuda_target(GpuInfo("Tesla P100", (6, 0)))) == "fp32"  # no tensor cores
+    assert resolve_precision("fp32", Target(H100)) == "fp32"
+    with pytest.raises(TunekitError, match="needs a GPU"):
+        resolve_precision("fp16", target_for(Share("cpu", 50)))
+
+
+def test_fp16_conversion_gives_fp16_conv_tasks_in_nhwc_with_fp32_model_io(fp16_tasks, example_model):
+    prepared, precision, tasks = fp16_tasks
+    assert precision == "fp16"
+    convs = [t for t in tasks if "conv2d" in t.task_name]
+    assert len(convs) == 2
+    for task in convs:
+        assert "float16" in _buffer_dtypes(task), task.task_name
+        assert "nhwc" in task.mod.script(), task.task_name  # NHWC: what tensor-core convs want
+    params = prepared["main"].params
+    assert [str(p.ty.dtype) for p in params] == ["float32"]  # the user passes fp32 arrays
+    plain, fp32 = prepare(load_model(example_model).mod, Target(H100), precision="fp32")
+    assert fp32 == "fp32" and all("float16" not in _buffer_dtypes(t) for t in extract_tasks(plain, Target(H100)))
+
+
+def test_a_model_that_cannot_be_converted_falls_back_to_fp32_only_under_auto(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    # Pad after a conv is imported as a call_tir on an fp16-able value: ToMixedPrecision (TVM 0.27) fails.
+    pads = helper.make_tensor("pads", TensorProto.INT64, [8], [0, 0, 1, 1, 0, 0, 1, 1])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]),
+             helper.make_node("Pad", ["c", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["y"], kernel_shape=[3, 3])]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 3, 3, 3], np.ones(3 * 27, np.float32).tolist())
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 14, 14])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 12, 12])], [pads, w])
+    path = str(tmp_path / "pad.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    _, precision = prepare(load_model(path).mod, Target(H100), precision="auto")
+    assert precision == "fp32"
+    with pytest.raises(TunekitError, match="--precision fp32"):
+        prepare(load_model(path).mod, Target(H100), precision="fp16")
+
+
+def test_tensor_core_candidates_are_tensorized_and_build_on_the_cuda_target(fp16_tasks, tmp_path):
+    """MetaSchedule's cuda-tensorcore rules tensorize the fp16 conv; the build pool builds the WMMA
+    candidates (most of them fail TVM 0.27's StorageRewrite, which the pool then leaves out)."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    from tunekit.clients.build_pool import BuildPool
+    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.clients.search_loop import is_tensorized
+
+    _, _, tasks = fp16_tasks
+    conv = next(t for t in tasks if "conv2d1" in t.task_name)
+    import_for_target("cuda")
+    prepare_metaschedule_logging()  # pytest's log capture handlers would break MetaSchedule's logging set-up
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=64, genetic_num_iters=1, init_min_unmeasured=8)
+    (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts([conv], str(tmp_path), strategy=strategy,
+                                                                      num_threads=2, seed=0)
+    ctx.pre_tuning(max_trials=8, num_trials_per_iter=8, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    candidates = ctx.generate_measure_candidates()
+    tensorized = [c for c in candidates if is_tensorized(c.sch.trace)]
+    assert tensorized, "no candidate of the fp16 conv uses tensor cores"
+    pool = BuildPool(workers=1, timeout_s=120, cuda_aot=False, artifact_dir=str(tmp_path / "a"))
+    try:
+        results = pool.build([BuilderInput(c.sch.mod, Target(H100)) for c in tensorized[:4]])
+    finally:
+        pool.shutdown()
+    assert [r.error_msg for r in results] == [None] * len(results)
+    summary = pool.profile.summary()
+    assert summary["tensor_core_candidates"] == len(results)
+
+
+def test_gpu_artifacts_capture_a_cuda_graph_and_can_be_built_without(fp16_tasks, tmp_path):
+    from tunekit.clients.compiler import compile_and_export
+
+    prepared, _, _ = fp16_tasks
+    with_graph = compile_and_export(prepared_mod=prepared, target=Target(H100), database=None,
+                                    path=str(tmp_path / "g.so"))
+    without = compile_and_export(prepared_mod=prepared, target=Target(H100), database=None,
+                                 path=str(tmp_path / "n.so"), cuda_graph=False)
+    assert b"main_cuda_graph_capture" in open(with_graph, "rb").read()
+    assert b"main_cuda_graph_capture" not in open(without, "rb").read()
+
+
+def test_numerics_refusal_names_the_output_the_error_and_the_way_out():
+    ref = [np.linspace(-1, 1, 100, dtype=np.float32)]
+    close = compare_outputs(["logits"], [ref[0] + 1e-4], ref)
+    check(close, precision="fp16")  # within the fp16 bound: no error
+    far = compare_outputs(["logits"], [ref[0] + 0.1], ref)
+    with pytest.raises(RunFailed) as caught:
+        check(far, precision="fp16")
+    text = str(caught.value)
+    assert "'logits'" in text and "0.1" in text and "--precision fp32" in text and "\n" not in text
+    assert far[0]["max_rel_err"] > BOUNDS["fp16"].max_rel_err
+
+
+def test_tune_refuses_an_artifact_past_the_bound_in_one_line(example_model, tmp_path):
+    cfg = tmp_path / "strict.yaml"
+    cfg.write_text("max_output_error: 1.0e-12\n")
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", cfg, "--out", tmp_path / "o")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")]
+    assert len(errors) == 1 and "'y'" in errors[0] and "refused" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o" / "records-cpu50" / "database_tuning_record.json").exists()  # before any tuning
+
+
+def test_the_gpu_target_comes_from_the_device_and_is_never_guessed():
+    assert cuda_target(GpuInfo("NVIDIA H100 80GB HBM3", (9, 0))).export() == Target(H100).export()
+    assert cuda_target(GpuInfo("NVIDIA H200", (9, 0))).arch == "sm_90a"
+    assert cuda_target(GpuInfo("NVIDIA A100-SXM4-40GB", (8, 0))).export() == Target("nvidia/nvidia-a100").export()
+    future = cuda_target(GpuInfo("NVIDIA Future 9000", (12, 0)))
+    assert future.arch == "sm_120" and int(future.attrs["max_threads_per_block"]) == 1024
+    # a tag whose architecture disagrees with the device is not used
+    assert cuda_target(GpuInfo("NVIDIA H100 (odd)", (8, 9))).arch == "sm_89"
+
+
+def test_report_counts_tensorized_tasks_and_records_precision(example_model, tmp_path):
+    proc = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "4", "--out", tmp_path / "o", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["precision"] == "fp32" and report["cuda_graph"] is False
+    assert report["tensor_cores"]["tasks"] == len(report["tasks"])
+    assert all("best_tensorized" in t and "negligible" in t for t in report["tasks"])
+    assert report["numerics"]["tuned"][0]["name"] == "y" and report["numerics"]["tuned"][0]["cosine"] > 0.9999
+    assert report["artifact_choice"] in ("tuned", "untuned")
+    build = report["phases"]["build_profile"]
+    assert build["candidates"] >= report["trials"]["measured"] and build["export_per_candidate_s"] > 0

@@ -1,0 +1,129 @@
+"""The allocation rule (clients.scheduler), on hand-made tasks: no TVM, no processes."""
+import pytest
+
+from tunekit.clients.scheduler import TaskScheduler, TaskState, gradient, mark_negligible
+
+
+def _tasks(untuned_us: list[float], *, flops=None, family="conv2d", cap=1 << 30) -> list[TaskState]:
+    tasks = []
+    for i, us in enumerate(untuned_us):
+        task = TaskState(i, f"t{i}", 1.0, flops=(flops or [1e9] * len(untuned_us))[i], family=family)
+        task.untuned_us, task.cap = us, cap
+        tasks.append(task)
+    return tasks
+
+
+def _simulate(scheduler: TaskScheduler, batches: int, improve) -> list[int]:
+    """Run `batches` rounds: pick, then report a batch whose best is improve(task) (or unchanged)."""
+    order = []
+    for _ in range(batches):
+        task = scheduler.next_task(set())
+        if task is None:
+            break
+        order.append(task.index)
+        previous, best = task.effective_us, improve(task)
+        for _ in range(8):
+            task.record(best)
+        task.after_batch(previous, fresh=8, cached=0)
+    return order
+
+
+def test_every_meaningful_task_gets_a_batch_before_any_gets_a_third():
+    # One task dominates (the old rule kept feeding it); the others are each >= 0.5% of the model.
+    tasks = _tasks([1000.0, 60.0, 40.0, 30.0, 20.0, 10.0])
+    mark_negligible(tasks, 0.005)
+    order = _simulate(TaskScheduler(tasks, trials_per_iter=8), 12, lambda t: t.effective_us * 0.9)
+    first_third = next(i for i, task in enumerate(order) if order[:i + 1].count(task) == 3)
+    assert set(order[:first_third]) == {0, 1, 2, 3, 4, 5}
+    assert order[:6] == [0, 1, 2, 3, 4, 5]  # the warm-up goes heaviest first
+    # the rule before it (score) never leaves the dominant task in this setting
+    old = _tasks([1000.0, 60.0, 40.0, 30.0, 20.0, 10.0])
+    assert set(_simulate(TaskScheduler(old, trials_per_iter=8, policy="score"), 12,
+                         lambda t: t.effective_us * 0.9)) == {0}
+
+
+def test_negligible_tasks_are_never_tuned():
+    tasks = _tasks([1000.0, 200.0, 1.0, 0.5])  # the last two are 0.1% and 0.04% of the model
+    mark_negligible(tasks, 0.005)
+    assert [t.negligible for t in tasks] == [False, False, True, True]
+    order = _simulate(TaskScheduler(tasks, trials_per_iter=8), 20, lambda t: t.effective_us * 0.95)
+    assert set(order) == {0, 1}
+    # without untuned measurements nothing can be judged negligible
+    unknown = _tasks([None, None])
+    mark_negligible(unknown, 0.005)
+    assert not any(t.negligible for t in unknown)
+
+
+def _history(task: TaskState, bests: list[float]) -> None:
+    for best in bests:
+        previous = task.effective_us
+        task.record(best)
+        task.after_batch(previous, fresh=8, cached=0)
+
+
+def test_after_the_warm_up_trials_go_where_the_expected_gain_is_largest():
+    # Same latency now, same number of batches: the task still improving (backward term) goes first.
+    tasks = _tasks([500.0, 500.0], flops=[1.0, 1.0])  # no FLOP estimate: forward term c - c/n only
+    scheduler = TaskScheduler(tasks, trials_per_iter=8)
+    _history(tasks[0], [400.0, 300.0, 200.0, 100.0])
+    _history(tasks[1], [100.0, 100.0, 100.0, 100.0])
+    assert gradient(tasks[0], tasks) < gradient(tasks[1], tasks)
+    assert scheduler.next_task(set()) is tasks[0]
+    # With one batch each, the forward term (c - c/n: as if a task could still reach 0) favours the
+    # task that costs the model more, as Ansor's does.
+    fresh = _tasks([500.0, 500.0], flops=[1.0, 1.0])
+    _history(fresh[0], [250.0])
+    _history(fresh[1], [499.0])
+    assert TaskScheduler(fresh, trials_per_iter=8).next_task(set()) is fresh[1]
+    # a busy task is skipped however promising it is
+    assert scheduler.next_task({0}) is tasks[1]
+
+
+def test_the_forward_term_uses_the_flop_rate_of_similar_tasks():
+    # Same latency and history, but task 1 runs at a tenth of the FLOP rate task 0 reached: it has
+    # more left to gain (Ansor's beta x FLOPs / best rate of its group).
+    tasks = _tasks([100.0, 100.0], flops=[1e9, 1e9])
+    _history(tasks[0], [10.0] * 4)
+    _history(tasks[1], [50.0] * 4)
+    # alone, task 1 would be expected to gain c/n; beside a similar task 5x faster, down to 2 x 10 us
+    assert gradient(tasks[1], tasks) < gradient(tasks[1], [tasks[1]])
+
+
+def test_per_task_caps_and_the_pool():
+    from tunekit.coordinator.budget import TrialPool
+
+    tasks = _tasks([100.0, 50.0, 0.01], cap=8)
+    pool = TrialPool(0)
+    scheduler = TaskScheduler(tasks, pool=pool, trials_per_iter=8)
+    mark_negligible(tasks, 0.005)
+    scheduler.release_unused(tasks[2])  # a negligible task's budget goes to the pool
+    assert pool.status()["available"] == 8 and tasks[2].cap == 0
+    _simulate(scheduler, 2, lambda t: t.effective_us * 0.5)  # both spend their caps, improving
+    assert [t.measured for t in tasks] == [8, 8, 0]
+    extra = scheduler.next_task(set())
+    assert extra is not None and extra.extra == 8 and pool.status()["available"] == 0
+    assert scheduler.next_task({extra.index}) is None  # the pool is empty
+
+
+def test_unknown_policies_are_refused():
+    with pytest.raises(ValueError, match="policy"):
+        TaskScheduler([], trials_per_iter=8, policy="round-robin")
+
+
+def test_a_restarted_client_does_not_release_its_budget_twice():
+    """A client restarted on its shard recomputes the same unused budgets (a negligible task's, an
+    exhausted task's): the pool adds them once (seen: 12 trials measured against --trials 10)."""
+    from tunekit.coordinator.budget import TrialPool
+
+    pool = TrialPool(0)
+    for _life in range(2):  # the client, then the client restarted on the same shard
+        tasks = _tasks([100.0, 0.01], cap=4)
+        scheduler = TaskScheduler(tasks, pool=pool, trials_per_iter=8, pool_key="client-1")
+        mark_negligible(tasks, 0.005)
+        scheduler.release_unused(tasks[1])
+    assert pool.status()["available"] == 4 and pool.status()["released"] == 4
+    # without a key (one process, one life) every release counts
+    plain = TrialPool(0)
+    plain.release(3)
+    plain.release(2)
+    assert plain.status()["available"] == 5

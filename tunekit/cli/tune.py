@@ -1,0 +1,164 @@
+"""`tunekit tune`: one share, several shares (Ray), or the smallest share that meets a latency SLO."""
+from __future__ import annotations
+
+import os
+
+from ..errors import TunekitError
+from .common import EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, input_shapes, show_progress
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model")
+    add_share(p, many=True, auto=True)
+    p.add_argument("--trials", type=int, help="total measured candidates, per share (default 64)")
+    p.add_argument("--trials-per-iter", type=int)
+    p.add_argument("--time-budget", dest="time_budget_s", type=float, metavar="S",
+                   help="stop tuning after S seconds (batches in flight still finish); with --resume the next run "
+                   "continues. --trials still caps the run")
+    p.add_argument("--precision", choices=["auto", "fp32", "fp16"],
+                   help="auto (default): fp16 with fp32 accumulation and NHWC convs on a GPU with tensor cores, "
+                   "fp32 on CPU")
+    p.add_argument("--servers", type=int, help="runner servers at the share, per GPU (or per node for a CPU share); "
+                   "up to 100/pct fit on one device without overlapping (default 1)")
+    p.add_argument("--clients", type=int, help="tuning clients (Ray actors) per share, each tuning a shard of the "
+                   "tasks; with it (or several shares, --gpus, --ray-address or RAY_ADDRESS) the run goes "
+                   "through the Ray coordinator, started here unless a cluster is given (default: 1 process, no Ray)")
+    p.add_argument("--gpus", help="GPU indices to put runner servers on, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS, else start Ray here)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow the shares tuned at the same time on one device to sum past 100%%")
+    p.add_argument("--server-mode", choices=["warm", "stock"])
+    p.add_argument("--engine", choices=["tunekit", "stock"],
+                   help="tunekit's fast tuning loop (default) or stock MetaSchedule, for comparison (one process only)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--resume", action="store_true",
+                   help="continue the records in --out (never re-measures a candidate already there)")
+    p.add_argument("--config", help="YAML file with TuneConfig keys; flags override it")
+    p.add_argument("--listen-host", metavar="HOST",
+                   help="address the RPC tracker and runner servers listen on (default 127.0.0.1); any other "
+                   "needs --rpc-secret-file or TUNEKIT_RPC_SECRET (README: Security)")
+    p.add_argument("--rpc-secret-file", metavar="PATH",
+                   help="shared secret (first line, chmod 600) that runner servers demand before loading code")
+    p.add_argument("--servers-gone-timeout", dest="servers_gone_timeout_s", type=float, metavar="S",
+                   help="stop the run when no runner server of the share can be reached for S seconds (default 120)")
+    p.add_argument("--out", help="output dir (default ./tunekit-out/<model>-<share>)")
+    p.add_argument("--slo-ms", metavar="MS",
+                   help="latency SLO mode: tune at the smallest share whose tuned latency is <= MS milliseconds. "
+                   "--gpu-pct/--cpu-pct then take a list of candidate shares (default gpu 20,40,60,100, "
+                   "cpu 25,50,75,100; not 'auto'); each is tuned with --trials, smallest first, into "
+                   "<out>/<share>/, stopping at the first that meets the SLO; <out>/slo.json holds the result "
+                   "(default out ./tunekit-out/<model>-slo-<gpu|cpu>). Exit code 0 when the SLO is met, "
+                   "3 when no candidate share meets it (then every candidate was tuned and the best is named)")
+    p.add_argument("--slo-max-speedup", type=float, metavar="X",
+                   help="with --slo-ms: skip a share whose untuned latency is more than X times the SLO "
+                   "(default: skip none; tuning can give several x)")
+
+
+_CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed", "listen_host",
+                 "rpc_secret_file", "servers_gone_timeout_s", "time_budget_s", "precision")
+
+
+def tune_config(args):
+    """flag > YAML (--config) > default. The YAML may also hold gpu_pct, cpu_pct and out."""
+    from ..config import TuneConfig, load_yaml_config
+
+    values = load_yaml_config(args.config) if args.config else {}
+    for key in ("gpu_pct", "cpu_pct", "out"):
+        if getattr(args, key) is None and key in values:
+            setattr(args, key, values[key])
+        values.pop(key, None)
+    values.update({flag: getattr(args, flag) for flag in _CONFIG_FLAGS if getattr(args, flag, None) is not None})
+    values["input_shapes"] = {**(values.get("input_shapes") or {}), **input_shapes(args)}
+    if args.resume:
+        values["resume"] = True
+    if args.allow_unenforced_share:
+        values["allow_unenforced_share"] = True
+    return TuneConfig(**values)
+
+
+def _pct(text, flag):
+    if text is None:
+        return None
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(str(text))
+    except ValueError:
+        raise TunekitError(f"{flag} must be an integer percentage 1..100 or auto, got {text!r}") from None
+
+
+def _several(args) -> bool:
+    return any("," in str(v) for v in (args.gpu_pct, args.cpu_pct) if v is not None)
+
+
+def coordinator_config(args):
+    """A CoordinatorConfig when the run should go through Ray, else None (one process)."""
+    from ..config import CoordinatorConfig
+
+    wanted = (args.clients is not None or args.gpus is not None or args.ray_address or os.environ.get("RAY_ADDRESS")
+              or _several(args) or args.oversubscribe)
+    if not wanted:
+        return None
+    gpus = None
+    if args.gpus is not None:
+        try:
+            gpus = [int(g) for g in str(args.gpus).split(",") if g.strip()]
+        except ValueError:
+            gpus = []
+        if not gpus or min(gpus) < 0:
+            raise TunekitError(f"--gpus must be a list of GPU indices such as 0,1, got {args.gpus!r}")
+    return CoordinatorConfig(clients=args.clients if args.clients is not None else 2, gpus=gpus,
+                             ray_address=args.ray_address, oversubscribe=args.oversubscribe)
+
+
+def _tune_slo(args) -> int:
+    """`tune --slo-ms`: the SLO walk over the candidate shares; EXIT_SLO_NOT_MET if none meets it."""
+    from .. import api
+    from ..slo import check_slo_ms, describe
+
+    if args.slo_ms is None:
+        raise TunekitError("--slo-max-speedup needs --slo-ms")
+    slo_ms = check_slo_ms(args.slo_ms)  # before the model is loaded: a typo fails at once
+    ray_flags = [flag for flag, attr in (("--clients", "clients"), ("--gpus", "gpus"), ("--ray-address", "ray_address"),
+                                         ("--oversubscribe", "oversubscribe")) if getattr(args, attr, None)]
+    if ray_flags:  # the SLO walk tunes one share at a time, in this process: refuse rather than ignore them
+        raise TunekitError(f"--slo-ms does not go through the Ray coordinator: drop {', '.join(ray_flags)}")
+    result = api.tune_for_slo(args.model, slo_ms=slo_ms, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out,
+                              config=tune_config(args), max_speedup=args.slo_max_speedup,
+                              show_progress=show_progress(args))
+    emit(args, result.to_dict(), describe(result))
+    return EXIT_OK if result.met else EXIT_SLO_NOT_MET
+
+
+def _tune_shares(args, config, coordinator) -> int:
+    from .. import api
+
+    result = api.tune_shares(args.model, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out, config=config,
+                             coordinator=coordinator, show_progress=show_progress(args))
+    payload = {"out_dir": result.out_dir, "report_path": result.report_path, "report": result.report}
+    emit(args, payload, result.report["table_md"] + f"\n\n{result.report['tasks_whose_best_differs']} task(s) "
+         f"have a different best record per share\nreport: {result.report_path}")
+    return EXIT_OK
+
+
+def run(args) -> int:
+    from .. import api
+
+    if args.slo_ms is not None or args.slo_max_speedup is not None:
+        return _tune_slo(args)
+    config = tune_config(args)
+    coordinator = coordinator_config(args)
+    if _several(args):
+        return _tune_shares(args, config, coordinator)
+    result = api.tune(args.model, gpu_pct=_pct(args.gpu_pct, "--gpu-pct"), cpu_pct=_pct(args.cpu_pct, "--cpu-pct"),
+                      out=args.out, config=config, coordinator=coordinator, show_progress=show_progress(args))
+    choice = result.report.get("share_choice", {})
+    auto_line = ""
+    if choice.get("mode") == "auto":
+        auto_line = (f"auto: tuning at {choice['chosen']} (knee of the profile, "
+                     f"tolerance {choice['profile']['tolerance']:.0%})\n")
+    emit(args, result.to_dict(),
+         auto_line + f"tuned {result.share}: {result.untuned_ms:.3f} ms -> {result.tuned_ms:.3f} ms "
+         f"({result.speedup:.2f}x) in {result.wall_s:.0f} s, {result.trials} trials\n"
+         f"records: {result.records_dir}\nmodel:   {result.artifact}\nreport:  {result.report_path}")
+    return EXIT_OK

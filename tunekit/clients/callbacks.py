@@ -1,0 +1,32 @@
+"""What happens to a measured candidate: the counterparts of MetaSchedule's `measure_callback/`
+(AddToDatabase, RemoveBuildArtifact, UpdateCostModel), called by tunekit's search loop."""
+from __future__ import annotations
+
+import os
+
+from ..records.database import FAILED_RUN_SECS, commit_durably
+
+
+def remove_artifact(path) -> None:
+    """A built candidate's library is not needed once it has been measured (or failed)."""
+    if path and os.path.exists(str(path)):
+        os.remove(str(path))
+
+
+def run_secs_of(result) -> list[float]:
+    """What the database records for a runner result: its times, or MetaSchedule's failure value."""
+    return [float(s) for s in result.run_secs] if result.run_secs is not None else [FAILED_RUN_SECS]
+
+
+def add_to_database(database, *, task, candidate, secs: list[float], target) -> None:
+    """Durable as it completes: appended and fsynced, one line per trial (records.database)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    commit_durably(database, ms.database.TuningRecord(candidate.sch.trace, task.workload, secs, target,
+                                                      candidate.args_info))
+
+
+def update_cost_model(cost_model, *, task, candidates: list, results: list) -> None:
+    """Train the cost model on the candidates that ran (failed ones teach it nothing useful)."""
+    if candidates:
+        cost_model.update(task.ctx, candidates, results)

@@ -1,0 +1,83 @@
+"""What a tuning engine works with and produces: where candidates are measured (the share's
+fleets and cores), the rules for overlapping search with measurement, and the outcome."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..config import TuneConfig
+
+@dataclass
+class TuningOutcome:
+    """What tuning one share produced, whichever engine and executor did it (report.json's core)."""
+
+    trials_done: int
+    trials_failed: int
+    wall_s: float
+    tasks: list[dict]
+    engine: str = "tunekit"
+    trials_cached: int = 0
+    phases: dict = field(default_factory=dict)
+    session_failures: int = 0
+    faults: dict = field(default_factory=dict)      # runner and fleet fault counts
+    server_restarts: int = 0
+    extra: dict = field(default_factory=dict)       # executor-specific report sections ("coordinator")
+    environment: dict = field(default_factory=dict)  # executor-specific environment (the Ray cluster)
+
+
+@dataclass
+class FleetAddress:
+    """Where a tuning client reaches one fleet of runner servers (one tracker)."""
+
+    host: str
+    port: int
+    key: str
+    sessions: int                                   # = its servers: one session each
+    on_hang: Callable[[int], None] | None = None    # stop the server on this port (a candidate hung it)
+
+
+@dataclass
+class Measurement:
+    """Where candidates are measured: the share's fleets, and how the share's cores are laid out."""
+
+    fleets: list[FleetAddress]
+    device_kind: str                      # "cpu" or "gpu"
+    label: str = ""                       # the share, for messages
+    share_cores: list[int] | None = None  # CPU share: the cores the servers are pinned to
+    share_env: dict = field(default_factory=dict)  # what pins a process to the share (MPS vars on GPU)
+    shared: bool = False                  # other clients measure on the same servers: release idle sessions
+    secret: bytes | None = field(default=None, repr=False)  # the warm servers' shared secret (never logged)
+
+
+def overlap_allowed(device_kind: str, config: TuneConfig) -> bool:
+    """Whether the next batch is searched and built while the last one is measured."""
+    if config.overlap in (True, False):
+        return config.overlap
+    # GPU: building is CPU work and does not disturb the measurement. CPU: the search and the
+    # builders would share the machine with the share being measured, and giving them all the
+    # cores while the (short) measurement runs alone is faster than splitting the cores.
+    return device_kind == "gpu"
+
+
+def builder_cores(measurement: Measurement, *, overlap: bool, allowed: list[int] | None = None) -> list[int]:
+    """Cores for building and searching. When they overlap a CPU measurement they stay off the
+    share's cores (if there are others), so that building never disturbs a running measurement."""
+    allowed = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    if overlap and measurement.device_kind == "cpu" and measurement.share_cores:
+        others = [c for c in allowed if c not in measurement.share_cores]
+        if others:
+            return others
+    return allowed
+
+
+@contextlib.contextmanager
+def process_on(cores: list[int]):
+    """The search (evolutionary mutation, XGBoost) runs in this process: keep it on `cores`."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

@@ -1,0 +1,206 @@
+"""Which task gets the next batch of trials, and what a task gives back when it cannot use its trials.
+
+The counterpart of MetaSchedule's `TaskScheduler.next_task_id` / `join_running_task`, as plain
+Python over `TaskState`s (no TVM objects needed), so that every decision can be unit-tested.
+
+The rule (issue "trials where they matter"; measured before: after 448 ResNet-18 trials 9 of 19
+tasks had never been tuned, one of them a 105 us conv, because a latency-weighted score kept
+feeding the heaviest tasks):
+1. Negligible tasks are not tuned: a task whose untuned weight x latency is under
+   `min_task_share` of the model's total keeps its default schedule.
+2. Warm-up: every other task gets its first batch (heaviest first) before any task gets a second.
+3. Then trials go by expected gain, as Ansor's task scheduler does (python/tvm/auto_scheduler/
+   task_scheduler.py, v0.19): the task whose gradient
+       weight x (alpha x backward + (1 - alpha) x forward)
+   is the most negative, where backward is the task's latency change per batch over the last
+   `window` batches, and forward the gain still expected: min(c - c/n, beta x FLOPs / the best
+   FLOP rate among similar tasks) - c, with c its current latency and n its batches.
+
+`policy="score"` keeps the rule before this one (weight x latency x 0.5^stale batches, no warm-up,
+nothing skipped), for comparison (TuneConfig.task_scheduler).
+
+Two budget modes:
+- one global budget (`config.trials`, one process): every task may take any number of trials; the
+  loop stops when the budget is spent;
+- per-task budgets (the coordinator's clients): each task has its own cap; a task whose search
+  space runs out gives its unused trials to the shared `pool`, and once every task has spent its
+  cap the best one that still improves asks the pool for more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Ansor's defaults (auto_scheduler.GradientBasedTaskScheduler)
+ALPHA, BETA, WINDOW = 0.2, 2.0, 3
+
+
+@dataclass
+class TaskState:
+    """One tuning task as the search loop sees it (the TVM objects ride along in `ctx`/`workload`)."""
+
+    index: int
+    name: str
+    weight: float
+    ctx: object = None
+    workload: object = None
+    flops: float = 1.0
+    family: str = ""
+    measured: int = 0
+    failed: int = 0
+    cached: int = 0
+    batches: int = 0          # batches that came back (cached-only ones included)
+    best_us: float | None = None
+    untuned_us: float | None = None
+    history: list = field(default_factory=list)  # effective_us after each batch
+    stale_batches: int = 0
+    exhausted: bool = False
+    negligible: bool = False  # under min_task_share of the model: not tuned
+    cap: int = 0      # trials this task may measure (its budget, plus what it took from the pool)
+    budget: int = 0   # its budget as planned
+    extra: int = 0    # taken from the shared pool
+    released: int = 0  # given back to the shared pool, in total (in this client's life)
+    resumed: int = 0  # trials already in this client's database when the call began (count_existing)
+    seen: dict = field(default_factory=dict)  # trace key -> run_secs already in the database
+    tensorized: set = field(default_factory=set)  # trace keys of candidates that use a tensor intrinsic
+    tensorized_trials: int = 0                    # measured candidates that did
+    best_key: str | None = None                   # trace key of the best record
+
+    @property
+    def best_tensorized(self) -> bool | None:
+        return None if self.best_key is None else self.best_key in self.tensorized
+
+    @property
+    def effective_us(self) -> float | None:
+        """What this task costs in the compiled model: its best record, unless the untuned kernel is
+        faster (then the record is not applied; see clients.compiler)."""
+        known = [us for us in (self.best_us, self.untuned_us) if us is not None]
+        return min(known) if known else None
+
+    def cost_in_model(self) -> float:
+        """weight x latency: the share of the model's time this task stands for (inf when unknown,
+        so an unmeasured task is never taken for a light one)."""
+        latency = self.effective_us
+        return self.weight * latency if latency is not None else float("inf")
+
+    def score(self) -> float:
+        """The "score" policy: the time this task takes in the model, fading while it stops improving."""
+        return self.cost_in_model() * (0.5 ** self.stale_batches)
+
+    def record(self, us: float | None, *, key: str | None = None, tensorized: bool = False) -> None:
+        """One measured trial (us None: it failed) of the candidate with trace key `key`."""
+        self.measured += 1
+        if tensorized:
+            self.tensorized_trials += 1
+            if key is not None:
+                self.tensorized.add(key)
+        if us is None:
+            self.failed += 1
+        elif self.best_us is None or us < self.best_us:
+            self.best_us, self.best_key = us, key
+
+    def after_batch(self, previous_us: float | None, *, fresh: int, cached: int) -> None:
+        """A batch came back: a task that improved by less than 1% counts one more stale batch; one
+        whose search proposed only known candidates has converged and counts another."""
+        now = self.effective_us
+        improved = now is not None and (previous_us is None or now < previous_us * 0.99)
+        self.stale_batches = 0 if improved else self.stale_batches + 1
+        if not fresh and cached:
+            self.stale_batches += 1
+        self.cached += cached
+        self.batches += 1
+        self.history.append(now)
+
+
+def mark_negligible(tasks: list[TaskState], min_share: float) -> None:
+    """Tasks under `min_share` of the model's untuned weight x latency are not tuned. Only tasks with
+    an untuned measurement can be judged; without any, nothing is skipped."""
+    known = [t for t in tasks if t.untuned_us is not None]
+    total = sum(t.weight * t.untuned_us for t in known)
+    for task in known:
+        task.negligible = total > 0 and task.weight * task.untuned_us < min_share * total
+
+
+def gradient(task: TaskState, tasks: list[TaskState], *, alpha: float = ALPHA, beta: float = BETA,
+             window: int = WINDOW) -> float:
+    """Ansor's gradient of the model's latency w.r.t. one more batch of `task` (more negative: more
+    to gain). Latencies in us, as the task's history has them."""
+    cost = task.effective_us
+    if cost is None:
+        return float("-inf")  # nothing measured at all: find out first
+    history = [h for h in task.history if h is not None]
+    if len(history) > window:
+        backward = (history[-1] - history[-1 - window]) / window
+    elif len(history) >= 2:
+        backward = (history[-1] - history[0]) / (len(history) - 1)
+    else:
+        backward = 0.0
+    rounds = max(1, task.batches)
+    expected = cost - cost / rounds
+    similar = [t for t in tasks if t.family == task.family and t.effective_us and t.flops > 1.0]
+    if task.flops > 1.0 and len(similar) > 1:
+        best_rate = max(t.flops / t.effective_us for t in similar)
+        expected = min(expected, beta * task.flops / best_rate)
+    forward = expected - cost
+    return task.weight * (alpha * backward + (1 - alpha) * forward)
+
+
+POLICIES = ("gradient", "score")
+
+
+class TaskScheduler:
+    def __init__(self, tasks: list[TaskState], *, pool=None, trials_per_iter: int, improving_only: bool = True,
+                 policy: str = "gradient", pool_key: str | None = None):
+        """`pool_key`: who this scheduler is to the pool (a client's shard): each task's releases are
+        declared under `<pool_key>/<task>`, so a restarted client's repeated releases count once."""
+        if policy not in POLICIES:
+            raise ValueError(f"task scheduler policy must be one of {POLICIES}, not {policy!r}")
+        self.tasks = tasks
+        self.pool = pool
+        self.trials_per_iter = trials_per_iter
+        self.improving_only = improving_only
+        self.policy = policy
+        self.pool_key = pool_key
+
+    def _best(self, tasks: list[TaskState]) -> TaskState:
+        if self.policy == "score":
+            return max(tasks, key=TaskState.score)
+        return min(tasks, key=lambda t: (gradient(t, self.tasks), -t.cost_in_model()))
+
+    def _open(self, busy: set[int]) -> list[TaskState]:
+        return [t for t in self.tasks if not t.exhausted and not t.negligible and t.index not in busy]
+
+    def next_task(self, busy: set[int]) -> TaskState | None:
+        """The task to search next; `busy` are the indices of tasks with a batch in flight (a task is
+        never searched again before its last batch came back: the search must hear the results)."""
+        open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
+        if open_tasks:
+            warm_up = [t for t in open_tasks if t.batches == 0]
+            if warm_up and self.policy == "gradient":
+                return max(warm_up, key=lambda t: (t.cost_in_model(), t.flops * t.weight))
+            return self._best(open_tasks)
+        if self.pool is None:
+            return None
+        # Every task spent its budget: the best one that still improves asks the pool for more.
+        hopeful = [t for t in self._open(busy) if t.stale_batches == 0 or not self.improving_only]
+        if not hopeful:
+            return None
+        best = self._best(hopeful)
+        granted = self.pool.take(self.trials_per_iter)
+        best.cap += granted
+        best.extra += granted
+        return best if granted else None
+
+    def release_unused(self, task: TaskState) -> None:
+        """A task that will not measure more gives what is left of its cap back to the pool."""
+        if self.pool is not None and task.cap > task.measured:
+            task.released += task.cap - task.measured
+            if self.pool_key is None:
+                self.pool.release(task.cap - task.measured)
+            else:
+                self.pool.release(task.released, key=f"{self.pool_key}/{task.name}")
+            task.cap = task.measured
+
+    def exhaust(self, task: TaskState) -> None:
+        """The search found no candidate: the task's space is used up."""
+        task.exhausted = True
+        self.release_unused(task)

@@ -1,0 +1,97 @@
+"""tunekit's engine: persistent build workers, persistent RPC sessions, the pipelined search loop
+with de-duplication and a per-phase time breakdown (clients.search_loop).
+
+`make_engine` assembles its parts once; the one-process executor (TunekitEngine) and every Ray
+tuning client use it, so both run the same engine with the same overlap rule.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from ..config import TuneConfig
+from .measurement import Measurement, TuningOutcome, builder_cores, overlap_allowed, process_on
+
+log = logging.getLogger("tunekit.engine")
+
+
+class SearchEngine:
+    """tunekit's engine, assembled: build pool, measuring runner, XGBoost cost model. Kept for the
+    life of a client, so several search calls (the coordinator's leftover rounds) reuse them."""
+
+    def __init__(self, *, builder, runner, cost_model, cores: list[int], overlap: bool):
+        self.builder, self.runner, self.cost_model = builder, runner, cost_model
+        self.cores, self.overlap = cores, overlap
+
+    def search(self, request):
+        """Run the search loop over `request` (a clients.search_loop.SearchRequest)."""
+        from .search_loop import run_search
+
+        return run_search(request, builder=self.builder, runner=self.runner, cost_model=self.cost_model,
+                          search_threads=len(self.cores), overlap=self.overlap)
+
+    def describe(self) -> dict:
+        return {"overlap": self.overlap, "build_workers": self.builder.workers, "hung_candidates": self.runner.hangs,
+                "build_profile": self.builder.profile.summary()}
+
+    def shutdown(self) -> None:
+        self.runner.shutdown()
+        self.builder.shutdown()
+
+
+def _runner_for(measurement: Measurement, config: TuneConfig):
+    from .fanout_runner import FanoutRunner
+    from .session_runner import RunnerConfig, SessionRunner
+
+    runners = [SessionRunner(RunnerConfig(tracker_host=fleet.host, tracker_port=fleet.port, key=fleet.key,
+                                          sessions=fleet.sessions, candidate_timeout_s=config.session_timeout_s,
+                                          min_repeat_ms=config.min_repeat_ms,
+                                          servers_gone_timeout_s=config.servers_gone_timeout_s,
+                                          label=measurement.label or fleet.key.removeprefix("tunekit-"),
+                                          release_idle_sessions=measurement.shared, secret=measurement.secret),
+                             on_hang=fleet.on_hang)
+               for fleet in measurement.fleets]
+    return runners[0] if len(runners) == 1 else FanoutRunner(runners)
+
+
+def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_dir: str,
+                cores: list[int] | None = None, build_workers: int | None = None) -> SearchEngine:
+    """tunekit's engine for `target`, measuring on `measurement`'s fleets. `cores`: where building and
+    searching may run (default: this process's cores, off a CPU share's cores when overlapping)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .build_pool import BuildPool
+    from .intrinsics import import_for_target, prepare_metaschedule_logging
+
+    prepare_metaschedule_logging()
+    import_for_target(target.kind.name)
+    overlap = overlap_allowed(measurement.device_kind, config)
+    cores = cores or builder_cores(measurement, overlap=overlap)
+    builder = BuildPool(workers=build_workers or config.builder_workers or len(cores), timeout_s=config.build_timeout_s,
+                        cores=cores, cuda_aot=target.kind.name == "cuda",
+                        artifact_dir=os.path.join(work_dir, "artifacts"))
+    runner = _runner_for(measurement, config)
+    log.info("engine tunekit: %d build workers on cores %s, %d fleet(s), overlap %s",
+             builder.workers, cores, len(measurement.fleets), overlap)
+    return SearchEngine(builder=builder, runner=runner, cost_model=ms.cost_model.XGBModel(num_tuning_cores=len(cores)),
+                        cores=cores, overlap=overlap)
+
+
+class TunekitEngine:
+    name = "tunekit"
+
+    def tune(self, *, tasks, target, database, work_dir, measurement, config, progress) -> TuningOutcome:
+        from ..interrupts import cooperative
+        from .search_loop import SearchRequest
+
+        engine = make_engine(target=target, measurement=measurement, config=config, work_dir=work_dir)
+        try:
+            with cooperative(), process_on(engine.cores):
+                loop = engine.search(SearchRequest(extracted_tasks=tasks, target=target, database=database,
+                                                   config=config, work_dir=work_dir, progress=progress,
+                                                   measure_untuned=config.measure_untuned_tasks))
+        finally:
+            engine.shutdown()
+        return TuningOutcome(loop.trials_done, loop.trials_failed, loop.wall_s, loop.tasks, engine=self.name,
+                             trials_cached=loop.trials_cached, phases={**loop.phases, **engine.describe()},
+                             session_failures=loop.session_failures, faults=engine.runner.fault_counts())

@@ -1,0 +1,399 @@
+"""The Ray executor: one model, one or more shares, several tuning clients, runner fleets per share.
+
+  shares ──group_shares──> groups that fit on the device together (sum of pct x servers <= 100)
+  per group:  fleets (Ray actors on the device's node: GPU at the MPS share / disjoint core sets)
+              per share: tasks ──allocate_trials──> budgets ──shard_tasks──> clients (Ray actors)
+              clients tune their shards, measuring on all of the share's servers; unused trials
+              go through the share's pool to tasks that still improve; a client that dies is
+              started again on its shard (its records are kept and count against its budgets)
+              shards ──merge_shards──> records-<share>
+Everything before and after tuning (untuned and tuned latency, compile, report) is the pipeline's
+(run.pipeline); this module only tunes.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..clients.measurement import TuningOutcome
+from ..config import CoordinatorConfig, TuneConfig
+from ..errors import RunFailed, TunekitError
+from ..frontend.tasks import task_flops
+from ..run.executor import ShareJob
+from ..run.session import ShareSession
+from . import plan as planning
+from ..counts import sum_counts
+from .outcomes import coordinator_section, fold_extra, sum_phases
+
+log = logging.getLogger("tunekit.coordinator")
+
+
+@dataclass
+class _ShareRun:
+    """A share while its group is tuned: its plan, fleets, pool, clients and what they returned."""
+
+    job: ShareJob
+    plans: list = field(default_factory=list)
+    fleets: list = field(default_factory=list)       # actor handles
+    addresses: list = field(default_factory=list)    # [{"host","port","key","sessions","cores","actor"}]
+    pool: object = None
+    clients: dict = field(default_factory=dict)      # shard index -> actor
+    outcomes: dict = field(default_factory=dict)     # shard index -> outcome dict
+    client_restarts: int = 0
+    client_deaths: int = 0
+    server_restarts: int = 0
+    fleet_faults: dict = field(default_factory=dict)
+    lost_fleets: set = field(default_factory=set)    # fleet actors found dead (their node was lost)
+    started: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.job.label
+
+
+def _task_spec(task) -> dict:
+    import tvm
+
+    return {"name": task.task_name, "mod": tvm.ir.save_json(task.mod), "weight": int(task.weight)}
+
+
+def plan_share(tasks, *, trials: int, clients: int) -> list[planning.TaskPlan]:
+    plans = [planning.TaskPlan(i, t.task_name, int(t.weight), task_flops(t.mod)) for i, t in enumerate(tasks)]
+    budgets = planning.allocate_trials([p.flops * max(1, p.weight) for p in plans], trials)
+    for p, b in zip(plans, budgets):
+        p.budget = b
+    planning.shard_tasks([p for p in plans if p.budget > 0], clients)
+    return plans
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:300]
+
+
+def _shard_dirs(root: str) -> list[str]:
+    found = []
+    if os.path.isdir(root):
+        for run_id in sorted(os.listdir(root)):
+            base = os.path.join(root, run_id)
+            found += [os.path.join(base, c) for c in sorted(os.listdir(base)) if c.startswith("client-")]
+    return found
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, config: TuneConfig, coordinator: CoordinatorConfig, *, rpc_secret: bytes | None):
+        if config.engine != "tunekit":
+            raise TunekitError(f"--engine {config.engine} runs in one process and cannot be sharded over Ray tuning "
+                               "clients: drop --clients/--gpus/--ray-address and share lists, or use --engine tunekit")
+        self.config, self.coord, self.rpc_secret = config, coordinator, rpc_secret
+        self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.mps_actors: dict[str, object] = {}
+        self.cluster = None
+
+    # ---------------------------------------------------------------- the executor protocol
+    @contextlib.contextmanager
+    def connect(self):
+        import ray
+
+        from .ray_runtime import connect
+
+        with connect(address=self.coord.ray_address, gpus=self.coord.gpus,
+                     debug=logging.getLogger().level <= logging.DEBUG) as cluster:
+            self.cluster = cluster
+            try:
+                yield self
+            finally:
+                for actor in self.mps_actors.values():
+                    try:
+                        ray.get(actor.stop.remote(), timeout=30)
+                    except Exception:
+                        pass
+
+    def recover(self, job: ShareJob) -> None:
+        """Shards of an earlier run that stopped before merging: their trials are not lost."""
+        from .merge import merge_shards
+
+        earlier = _shard_dirs(os.path.join(job.work_dir, "shards", job.label))
+        if earlier:
+            merge_shards(earlier, job.db_dir)
+
+    def groups(self, jobs: list[ShareJob]) -> list[list[ShareJob]]:
+        kinds = {job.share.kind for job in jobs}
+        if len(kinds) != 1:
+            raise TunekitError("tune GPU shares and CPU shares in separate runs")
+        if len({job.label for job in jobs}) != len(jobs):
+            raise TunekitError("a share is listed twice")
+        by_label = {job.label: job for job in jobs}
+        groups = planning.group_shares([job.share for job in jobs], servers=self.config.servers,
+                                       oversubscribe=self.coord.oversubscribe)
+        return [[by_label[share.label] for share in group] for group in groups]
+
+    @contextlib.contextmanager
+    def group_sessions(self, group: list[ShareJob]):
+        import ray
+
+        if group[0].share.kind == "gpu":
+            # The driver's node already has an MPS daemon (its actor's): measure under the same one.
+            env = self._mps_env(ray, ray.get_runtime_context().get_node_id())
+            os.environ.update({k: v for k, v in env.items() if v})
+        with contextlib.ExitStack() as stack:
+            yield {job.label: stack.enter_context(ShareSession(job.share,
+                                                               allow_unenforced=self.config.allow_unenforced_share))
+                   for job in group}
+
+    def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
+        import ray
+
+        runs = [_ShareRun(job, plans=plan_share(job.tasks, trials=self.config.trials, clients=self.coord.clients))
+                for job in group]
+        log.info("tuning %s together: %d clients each, %d server(s) per device",
+                 ", ".join(r.label for r in runs), self.coord.clients, self.config.servers)
+        self._start_fleets(ray, runs)
+        try:
+            self._tune_group(ray, runs, progress)
+        finally:
+            self._stop_group(ray, runs)
+        return {run.label: self._outcome(ray, run) for run in runs}
+
+    # ---------------------------------------------------------------- fleets
+    def _devices(self, ray, kind: str) -> list[tuple[str, int | None]]:
+        """(node id, device) pairs servers go on: every GPU (of --gpus) on every GPU node, or
+        every node for a CPU share."""
+        from .fleet_actor import visible_gpus
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if kind == "cpu":
+            return [(n["NodeID"], None) for n in nodes]
+        pairs = []
+        here = ray.get_runtime_context().get_node_id()
+        for node in nodes:
+            count = int(node.get("Resources", {}).get("GPU", 0))
+            if count == 0:
+                continue
+            indices = visible_gpus() if node["NodeID"] == here else list(range(count))
+            if self.coord.gpus is not None:
+                missing = [g for g in self.coord.gpus if g not in indices]
+                if missing and node["NodeID"] == here:
+                    raise TunekitError(f"--gpus {','.join(map(str, self.coord.gpus))}: no GPU {missing} "
+                                       f"here (visible: {indices})")
+                indices = [g for g in self.coord.gpus if g in indices]
+            pairs += [(node["NodeID"], g) for g in indices]
+        if not pairs:
+            raise TunekitError("no GPU node in the Ray cluster (use --cpu-pct, or add a node with GPUs)")
+        return pairs
+
+    def _mps_env(self, ray, node_id: str) -> dict:
+        from .fleet_actor import actor_classes, node_affinity
+
+        if node_id not in self.mps_actors:
+            _, mps_class = actor_classes()
+            self.mps_actors[node_id] = mps_class.options(scheduling_strategy=node_affinity(node_id)).remote()
+        return ray.get(self.mps_actors[node_id].env.remote())
+
+    def _listen_host(self, ray) -> str:
+        """Where fleets listen. Loopback while the whole cluster is this machine (the default, and
+        `ray.cluster_utils.Cluster`); on several machines each fleet listens on its node's IP, so
+        clients on other nodes reach it, and only with the RPC secret (README "Security")."""
+        from ..servers.fleet import is_loopback
+        from .fleet_actor import NODE_ADDRESS
+
+        machines = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
+        if len(machines) <= 1 and is_loopback(self.config.listen_host):
+            return self.config.listen_host
+        if self.rpc_secret is None:
+            raise TunekitError(f"this Ray cluster spans {len(machines)} machines, so runner servers must listen on "
+                               "each node's address; that needs a shared secret: pass --rpc-secret-file FILE or set "
+                               "TUNEKIT_RPC_SECRET (README: Security)")
+        return NODE_ADDRESS
+
+    def _start_fleets(self, ray, runs: list[_ShareRun]) -> None:
+        from .fleet_actor import actor_classes, node_affinity
+
+        fleet_class, _ = actor_classes()
+        kind = runs[0].job.share.kind
+        devices = self._devices(ray, kind)
+        listen_host = self._listen_host(ray)
+        core_sets, overlapped = planning.cpu_slots([r.job.share for r in runs], servers=self.config.servers)
+        if overlapped and kind == "cpu":
+            log.warning("not enough cores for disjoint servers of %s: some servers share cores",
+                        ", ".join(r.label for r in runs))
+        pending = []
+        for run in runs:
+            for node_id, device in devices:
+                options = {"scheduling_strategy": node_affinity(node_id)}
+                if device is not None and not self.coord.oversubscribe:
+                    # Books the GPU fraction the servers use; MPS is what enforces it.
+                    options["num_gpus"] = run.job.share.pct * self.config.servers / 100
+                actor = fleet_class.options(**options).remote(
+                    share_kind=kind, pct=run.job.share.pct, key=f"tunekit-{run.label}-{node_id[:6]}",
+                    device=device, core_sets=core_sets[run.label], servers=self.config.servers,
+                    server_mode=self.config.server_mode, host=listen_host, secret=self.rpc_secret,
+                    mps_env=self._mps_env(ray, node_id) if device is not None else None, log_dir=run.job.log_dir)
+                run.fleets.append(actor)
+                pending.append((run, actor, actor.start.remote()))
+        for run, actor, ref in pending:
+            try:
+                addresses = ray.get(ref)
+            except Exception as exc:
+                raise RunFailed(f"runner servers for {run.label} did not start: {_short(exc)}") from None
+            run.addresses += [{**a, "actor": actor} for a in addresses]
+
+    def _stop_group(self, ray, runs: list[_ShareRun]) -> None:
+        for run in runs:
+            for actor in run.clients.values():
+                try:
+                    ray.get(actor.shutdown.remote(), timeout=30)
+                except Exception:
+                    pass
+                ray.kill(actor)
+            for fleet in run.fleets:
+                try:
+                    run.server_restarts += ray.get(fleet.restarts.remote(), timeout=10)
+                    run.fleet_faults = sum_counts([run.fleet_faults, ray.get(fleet.fault_counts.remote(), timeout=10)])
+                    ray.get(fleet.stop.remote(), timeout=60)
+                except ray.exceptions.RayActorError:
+                    run.lost_fleets.add(fleet._actor_id.hex())
+                except Exception:
+                    pass
+                ray.kill(fleet)
+
+    # ---------------------------------------------------------------- clients
+    def _start_client(self, run: _ShareRun, shard: int, total_clients: int):
+        from .client_actor import client_class
+
+        cpus = max(len(os.sched_getaffinity(0)), 1)
+        actor = client_class(num_cpus=min(1.0, cpus / total_clients)).options(
+            scheduling_strategy="SPREAD", max_restarts=0).remote(
+            client_id=shard, share_label=run.label, target=run.job.target.export(),
+            config=dataclasses.asdict(self.config), work_dir=os.path.join(run.job.work_dir, run.label),
+            shard_dir=self._shard_dir(run, shard), known_dir=run.job.db_dir if os.path.isdir(run.job.db_dir) else None,
+            fleets=self._live_addresses(run), build_workers=max(1, cpus // total_clients), rpc_secret=self.rpc_secret)
+        run.clients[shard] = actor
+        return actor
+
+    def _shard_dir(self, run: _ShareRun, shard: int) -> str:
+        return os.path.join(run.job.work_dir, "shards", run.label, self.run_id, f"client-{shard}")
+
+    def _shard_call(self, run: _ShareRun, shard: int, *, resume: bool):
+        specs = [p for p in run.plans if p.client == shard and p.budget > 0]
+        return run.clients[shard].tune.remote(tasks=[_task_spec(run.job.tasks[p.index]) for p in specs],
+                                              budgets=[p.budget for p in specs], pool=run.pool,
+                                              measure_untuned=self.config.measure_untuned_tasks,
+                                              resume_counts=resume)
+
+    def _tune_group(self, ray, runs: list[_ShareRun], progress) -> None:
+        from .budget import ray_pool_class
+        from .fleet_actor import node_affinity
+
+        pool_class = ray_pool_class()
+        self._total_clients = sum(max(p.client for p in run.plans) + 1 for run in runs)
+        pending = {}  # ref -> (run, shard)
+        here = ray.get_runtime_context().get_node_id()
+        for run in runs:
+            # The trial pool lives on the coordinator's node: placed on another node, losing that
+            # node lost the pool and stopped the run (ActorUnavailableError; tests/test_faults_ray.py).
+            run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(0)
+            run.started = time.time()
+            for shard in sorted({p.client for p in run.plans if p.budget > 0}):
+                self._start_client(run, shard, self._total_clients)
+                pending[self._shard_call(run, shard, resume=False)] = (run, shard)
+        restarts: dict[tuple, int] = {}
+        shown = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                run, shard = pending.pop(ref)
+                if self._collect(ray, ref, run, shard, restarts):
+                    pending[self._shard_call(run, shard, resume=True)] = (run, shard)
+            measured = sum(ray.get(run.pool.status.remote())["measured"] for run in runs)
+            progress.advance(measured - shown, status=", ".join(r.label for r in runs))
+            shown = measured
+        for run in runs:
+            self._spend_leftover(ray, run)
+            run.wall_s = time.time() - run.started
+
+    def _collect(self, ray, ref, run: _ShareRun, shard: int, restarts: dict) -> bool:
+        """A client's call returned. Returns True when the client died and was started again on its
+        shard (its call must be made again); what it measured counts against its budgets."""
+        try:
+            run.outcomes[shard] = ray.get(ref)
+            return False
+        except ray.exceptions.RayActorError as exc:
+            # The client process died (killed, OOM, node lost). Its shard is on disk.
+            run.client_deaths += 1
+            key = (run.label, shard)
+            restarts[key] = restarts.get(key, 0) + 1
+            if restarts[key] > self.coord.client_restarts:
+                raise RunFailed(f"tuning client {shard} of {run.label} died {restarts[key]} times: "
+                                f"{_short(exc)}") from None
+            log.warning("tuning client %d of %s died (%s); starting it again on its shard", shard, run.label,
+                        _short(exc))
+            run.client_restarts += 1
+            self._drop_lost_fleets(ray, run)  # a client lost with its node may have taken a fleet along
+            self._start_client(run, shard, self._total_clients)
+            return True
+        except ray.exceptions.RayTaskError as exc:
+            log.debug("tuning client %d of %s failed:\n%s", shard, run.label, exc)
+            raise RunFailed(f"tuning client {shard} of {run.label} failed: {_short(exc)}") from None
+
+    def _drop_lost_fleets(self, ray, run: _ShareRun) -> None:
+        """Mark fleets whose actor is gone, so a restarted client does not wait
+        `servers_gone_timeout_s` on them; they count as `faults.fleets_lost`."""
+        for address in run.addresses:
+            try:
+                ray.get(address["actor"].restarts.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                run.lost_fleets.add(address["actor"]._actor_id.hex())
+            except Exception:  # slow, not dead: keep it
+                pass
+
+    @staticmethod
+    def _live_addresses(run: _ShareRun) -> list:
+        live = [a for a in run.addresses if a["actor"]._actor_id.hex() not in run.lost_fleets]
+        return live or run.addresses  # none left: the client reports "servers gone" itself
+
+    def _spend_leftover(self, ray, run: _ShareRun) -> None:
+        """Trials released after every other client had finished: give them to clients whose tasks
+        are not exhausted, so the --trials budget is spent when the search still can use it."""
+        for shard in sorted(run.outcomes, key=lambda s: -sum(not t.get("exhausted") for t in run.outcomes[s]["tasks"])):
+            if ray.get(run.pool.status.remote())["available"] <= 0:
+                return
+            rows = {t["name"]: t for t in run.outcomes[shard]["tasks"]}
+            open_specs = [p for p in run.plans if p.client == shard and p.budget > 0
+                          and not rows.get(p.name, {}).get("exhausted")]
+            if not open_specs:
+                continue
+            extra = ray.get(run.clients[shard].tune.remote(
+                tasks=[_task_spec(run.job.tasks[p.index]) for p in open_specs], budgets=[0] * len(open_specs),
+                pool=run.pool, improving_only=False, measure_untuned=False))
+            fold_extra(run.outcomes[shard], extra)
+
+    # ---------------------------------------------------------------- results
+    def _outcome(self, ray, run: _ShareRun) -> TuningOutcome:
+        """Merge the clients' shards into the share's database; one TuningOutcome for the share."""
+        from .merge import merge_shards
+
+        merged = merge_shards([self._shard_dir(run, s) for s in sorted(run.outcomes)], run.job.db_dir)
+        outcomes = [run.outcomes[s] for s in sorted(run.outcomes)]
+        measured = sum(o["trials_done"] for o in outcomes)
+        faults = {**run.fleet_faults, **sum_counts([o.get("runner_faults", {}) for o in outcomes]),
+                  "client_deaths": run.client_deaths, "client_restarts": run.client_restarts,
+                  "fleets_lost": len(run.lost_fleets)}
+        return TuningOutcome(
+            measured, sum(o["trials_failed"] for o in outcomes), run.wall_s,
+            [row for o in outcomes for row in o["tasks"]], engine="tunekit",
+            trials_cached=sum(o["trials_cached"] for o in outcomes),
+            phases=sum_phases([o["phases"] for o in outcomes], run.wall_s, measured),
+            session_failures=sum(o["session_failures"] for o in outcomes), faults=faults,
+            server_restarts=run.server_restarts,
+            extra={"coordinator": coordinator_section(run, ray.get(run.pool.status.remote()), merged, self.run_id,
+                                                      self.config.servers)},
+            environment=self.cluster.describe())

@@ -1,0 +1,51 @@
+"""Folding the tuning clients' results into one share's outcome (pure: dicts in, dicts out)."""
+from __future__ import annotations
+
+
+def fold_extra(outcome: dict, extra: dict) -> None:
+    """Add a leftover round's trials to the shard's outcome (same tasks, by name)."""
+    rows = {t["name"]: t for t in outcome["tasks"]}
+    for row in extra["tasks"]:
+        mine = rows.get(row["name"])
+        if mine is None:
+            continue
+        mine["trials"] += row["trials"]
+        mine["failed"] += row["failed"]
+        mine["extra"] = mine.get("extra", 0) + row.get("extra", 0)
+        mine["exhausted"] = row.get("exhausted", False)
+        if row.get("tuned_us") and (mine.get("tuned_us") is None or row["tuned_us"] < mine["tuned_us"]):
+            mine["tuned_us"] = row["tuned_us"]
+            if mine.get("untuned_us"):
+                mine["speedup"] = round(mine["untuned_us"] / mine["tuned_us"], 3)
+    for key in ("trials_done", "trials_failed", "trials_cached"):
+        outcome[key] += extra[key]
+
+
+def sum_phases(phase_dicts: list[dict], wall_s: float, trials: int) -> dict:
+    """The clients' phase times added up; the overhead fraction is over client-seconds, since the
+    clients work at the same time."""
+    totals: dict[str, float] = {}
+    for phases in phase_dicts:
+        for k, v in phases.get("total_s", {}).items():
+            totals[k] = totals.get(k, 0.0) + v
+    client_seconds = wall_s * max(1, len(phase_dicts))
+    work = min(client_seconds, totals.get("build_s", 0) + totals.get("run_s", 0))
+    return {"total_s": {k: round(v, 3) for k, v in totals.items()},
+            "per_trial_s": {k: round(v / max(1, trials), 4) for k, v in totals.items()},
+            "wall_s": round(wall_s, 3), "clients": len(phase_dicts),
+            "overhead_fraction": round(1 - work / client_seconds, 3) if wall_s else None}
+
+
+def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, servers: int) -> dict:
+    """report.json's "coordinator": clients, fleets, each shard's tasks, budget and cost, the pool."""
+    plans = run.plans
+    return {"clients": len(run.outcomes), "servers_per_device": servers,
+            "fleets": [{**{k: v for k, v in a.items() if k != "actor"},
+                        "lost": a["actor"]._actor_id.hex() in run.lost_fleets} for a in run.addresses],
+            "shards": [{"client": s, "tasks": [p.name for p in plans if p.client == s],
+                        "budget": sum(p.budget for p in plans if p.client == s),
+                        "estimated_cost": sum(p.cost for p in plans if p.client == s),
+                        "trials": run.outcomes[s]["trials_done"],
+                        "hung_candidates": run.outcomes[s].get("hung_candidates", 0)}
+                       for s in sorted(run.outcomes)],
+            "pool": pool_status, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}

@@ -1,0 +1,106 @@
+"""The precision a model is tuned and compiled in, and the Relax passes that give it.
+
+fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): convs are converted to NHWC and
+then every conv/matmul takes fp16 inputs and accumulates in fp32 (ToMixedPrecision). The tasks
+extracted afterwards carry fp16 workloads, which MetaSchedule's `cuda-tensorcore` rules (chosen by
+itself for sm_75+) map onto tensor cores (WMMA 16x16x16 f16·f16->f32); fp32 never does (TVM 0.27
+has no TF32 intrinsic), and tensor-core convs want NHWC. The model's inputs and outputs stay fp32.
+
+Both passes run on the module as imported, before prepare_for_tuning: afterwards no relax.nn.conv2d
+is left and they change nothing. ToMixedPrecision (0.27) fails on any R.call_tir, which the ONNX
+importer emits for Clip (MobileNet's relu6), Pad, Tile, Resize and Einsum: constant-bound clips are
+rewritten to maximum/minimum first; a model that still cannot be converted is tuned in fp32 when
+the precision was `auto`, and refused in one line when fp16 was asked for.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..errors import TunekitError
+
+log = logging.getLogger("tunekit")
+
+PRECISIONS = ("auto", "fp32", "fp16")
+
+
+def has_tensor_cores(target) -> bool:
+    """TVM's tensor-core schedule rules are selected for CUDA targets of sm_75 and newer."""
+    if target.kind.name != "cuda":
+        return False
+    digits = "".join(ch for ch in str(target.arch).removeprefix("sm_") if ch.isdigit())
+    return bool(digits) and int(digits) >= 75
+
+
+def resolve_precision(precision: str, target) -> str:
+    """auto -> fp16 on a GPU with tensor cores, fp32 elsewhere. fp16 on a CPU is refused: TVM's
+    LLVM backend emulates half floats, which makes a model slower, not faster."""
+    if precision not in PRECISIONS:
+        raise TunekitError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision == "auto":
+        return "fp16" if has_tensor_cores(target) else "fp32"
+    if precision == "fp16" and target.kind.name != "cuda":
+        raise TunekitError("--precision fp16 needs a GPU target (CPU shares are tuned in fp32)")
+    return precision
+
+
+def _clips_to_ops(mod):
+    """call_tir(maximum*/minimum*, (x, scalar constant)) -> R.maximum / R.minimum (see module doc)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class Rewrite(PyExprMutator):
+        def visit_call_(self, call):
+            call = self.visit_expr_post_order(call)
+            if getattr(call.op, "name", None) != "relax.call_tir":
+                return call
+            name = call.args[0].name_hint
+            op = relax.op.maximum if name.startswith("maximum") else relax.op.minimum if name.startswith(
+                "minimum") else None
+            fields = getattr(call.args[1], "fields", ())
+            if op is None or len(fields) != 2:
+                return call
+            x, bound = fields
+            if isinstance(bound, relax.Var):
+                bound = self.lookup_binding(bound) or bound
+            if not isinstance(bound, tvm.ir.expr.Constant) or len(bound.ty.shape) != 0:
+                return call
+            return op(x, bound)
+
+    mod = relax.transform.FoldConstant()(mod)  # folds the importer's where(isnan(bound), ...) around the bounds
+    mod["main"] = Rewrite(mod).visit_expr(mod["main"])
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def convert(mod, precision: str):
+    """The imported Relax module in `precision` (fp32: unchanged). Raises TunekitError when TVM
+    cannot convert it."""
+    if precision == "fp32":
+        return mod
+    from tvm import relax
+
+    try:
+        mod = _clips_to_ops(mod)
+        mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+        return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    except Exception as exc:
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        raise TunekitError(f"TVM cannot convert this model to fp16 ({text[:200]}); use --precision fp32") from None
+
+
+def prepare(mod, target, *, precision: str):
+    """(prepared module, precision it is in): `mod` converted, then frontend.tasks.prepare_for_tuning.
+    `precision` is resolved first (resolve_precision); `auto` falls back to fp32 when the model
+    cannot be converted (the reason is logged)."""
+    from .tasks import prepare_for_tuning
+
+    resolved = resolve_precision(precision, target)
+    try:
+        converted = convert(mod, resolved)
+    except TunekitError as exc:
+        if precision != "auto":
+            raise
+        log.warning("precision auto: %s; tuning in fp32", exc)
+        converted, resolved = mod, "fp32"
+    return prepare_for_tuning(converted, target), resolved

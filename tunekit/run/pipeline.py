@@ -1,0 +1,213 @@
+"""The tuning pipeline: everything around tuning, done once for every executor.
+
+  load model ─> check out dir ─> per share: target, precision, prepared module, tasks, database dir
+  lock out dir, executor.connect()
+    per share: identity check (--resume never mixes runs), executor.recover()
+    per group of shares tuned together (executor.groups):
+      untuned model compiled, measured at the share, its numerics checked (before any tuning)
+      executor.tune(group)                       <- the only part that differs between executors
+      per share: baselines, records worth applying, compile, tuned latency and numerics, report
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+from ..config import TuneConfig
+from ..results import TuneResult
+from ..shares.share import Share
+from .. import numerics
+from .executor import ShareJob
+from .report import tune_report, write_report
+from .session import LoadedModel, ShareSession, check_out_dir, device_name, load_model
+
+log = logging.getLogger("tunekit")
+
+
+@dataclass
+class Measured:
+    """A compiled model measured at a share: its latency, and its outputs against the reference."""
+
+    path: str
+    latency: dict
+    numerics: list
+
+
+class Pipeline:
+    def __init__(self, *, model, shares: list[Share], out: str, config: TuneConfig, executor,
+                 show_progress: bool = False, share_choice: dict | None = None, example_inputs=None):
+        """`model`: an ONNX path, or a torch.nn.Module with its `example_inputs`."""
+        self.model, self.shares, self.out, self.config = model, shares, out, config
+        self.example_inputs = example_inputs
+        self.executor = executor
+        self.show_progress = show_progress
+        self.share_choice = share_choice
+        self.started = time.time()
+
+    # ---------------------------------------------------------------- before tuning
+    def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
+        from ..frontend.precision import prepare
+        from ..frontend.tasks import extract_tasks
+        from ..records.database import database_dir
+        from ..targets import target_for
+
+        prepared_for: dict[tuple, tuple] = {}
+        jobs = []
+        for share in self.shares:
+            target = target_for(share)
+            key = str(target.export())
+            if key not in prepared_for:  # tasks depend only on the target (CPU: its core count), not the share
+                prepared, precision = prepare(loaded.mod, target, precision=self.config.precision)
+                prepared_for[key] = (prepared, extract_tasks(prepared, target), precision)
+            prepared, tasks, precision = prepared_for[key]
+            unscheduled = [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
+            jobs.append(ShareJob(share, target, prepared, unscheduled, database_dir(self.out, share.label), self.out,
+                                 precision=precision))
+            log.info("%s: %d tuning tasks in %s, %d trials at %s", loaded.name, len(unscheduled), precision,
+                     self.config.trials, share.label)
+        return jobs
+
+    def _check_identity(self, job: ShareJob, loaded: LoadedModel) -> None:
+        from ..records.database import count_trials
+        from ..records.identity import check_or_write, run_identity
+
+        identity = run_identity(model_sha256=loaded.digest, share_label=job.label, target=job.target,
+                                device=device_name(job.share), input_shapes=loaded.inputs.shapes,
+                                precision=job.precision)
+        check_or_write(job.db_dir, identity, resume=self.config.resume, existing_trials=count_trials(job.db_dir))
+
+    def _measure(self, job: ShareJob, session: ShareSession, *, path: str, database, cuda_graph=None,
+                 what: str) -> Measured:
+        """Compile (with `database`'s records), time at the share, compare outputs to the reference,
+        and refuse in one line an artifact past its precision's bound."""
+        from ..clients.compiler import compile_and_export
+        from ..servers.latency import measure_latency
+
+        compile_and_export(prepared_mod=job.prepared, target=job.target, database=database, path=path,
+                           cuda_graph=cuda_graph)
+        latency, outputs = measure_latency(artifact=path, inputs=self.sample, pinned=session.pinned,
+                                           repeats=self.config.measure_repeats)
+        rows = numerics.compare_outputs(self.output_names, outputs, self.reference)
+        numerics.check(rows, precision=job.precision, what=what, bound=self._bound(job))
+        return Measured(path, latency, rows)
+
+    def _bound(self, job: ShareJob) -> numerics.Bound:
+        bound = numerics.BOUNDS[job.precision]
+        if self.config.max_output_error is None:
+            return bound
+        return numerics.Bound(max_rel_err=self.config.max_output_error, min_cosine=bound.min_cosine)
+
+    # ---------------------------------------------------------------- the run
+    def run(self) -> list[TuneResult]:
+        from ..clients.progress import ProgressBar
+        from ..records.identity import out_dir_lock
+
+        loaded = load_model(self.model, self.config.input_shapes, example_inputs=self.example_inputs)
+        check_out_dir(self.out)
+        self.sample = loaded.inputs.random(seed=self.config.seed)
+        self.reference = loaded.reference(self.sample)
+        self.output_names = loaded.output_names
+        jobs = self._jobs(loaded)
+        results = []
+        with out_dir_lock(self.out), self.executor.connect():
+            for job in jobs:
+                self._check_identity(job, loaded)  # checked before any work: records never appended by accident
+                self.executor.recover(job)
+            for group in self.executor.groups(jobs):
+                with self.executor.group_sessions(group) as sessions:
+                    untuned = {job.label: self._measure(job, sessions[job.label], path=self._untuned_path(job),
+                                                        database=None, what=f"the untuned {job.precision} model")
+                               for job in group}
+                    progress = ProgressBar(total=self.config.trials * len(group), show=self.show_progress)
+                    try:
+                        outcomes = self.executor.tune(group, sessions, progress)
+                    finally:
+                        progress.close()
+                    for job in group:
+                        results.append(self._finish(job, loaded, outcomes[job.label], sessions[job.label],
+                                                    untuned[job.label]))
+        order = [s.label for s in self.shares]  # as the user listed them, whatever ran first
+        return sorted(results, key=lambda r: order.index(r.share))
+
+    # ---------------------------------------------------------------- after tuning
+    def _untuned_path(self, job: ShareJob) -> str:
+        return os.path.join(self.out, "untuned.so" if len(self.shares) == 1 else f"untuned-{job.label}.so")
+
+    def _records_to_apply(self, job: ShareJob, outcome):
+        from ..clients.compiler import useful_records
+        from ..records.baselines import read_baselines, write_baselines
+        from ..records.database import open_database
+
+        write_baselines(job.db_dir, {t["workload_hash"]: t.get("untuned_us") for t in outcome.tasks
+                                     if t.get("workload_hash")})
+        records, applied = useful_records(open_database(job.db_dir), read_baselines(job.db_dir))
+        for row in outcome.tasks:
+            if row.get("workload_hash") in applied:
+                row["record_applied"] = applied[row["workload_hash"]]
+        return records
+
+    def _finish(self, job: ShareJob, loaded: LoadedModel, outcome, session: ShareSession,
+                untuned: Measured) -> TuneResult:
+        from ..clients.compiler import uses_cuda_graphs
+        from ..records.database import count_trials, repaired_bytes
+
+        artifact = os.path.join(self.out, f"{loaded.name}-{job.label}.so")
+        records = self._records_to_apply(job, outcome)
+        tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+        extra = {"precision": job.precision, "cuda_graph": uses_cuda_graphs(job.target),
+                 "numerics": {"bound": self._bound(job).to_dict(), "untuned": untuned.numerics,
+                              "tuned": tuned.numerics},
+                 "tensor_cores": _tensor_core_counts(outcome.tasks)}
+        if uses_cuda_graphs(job.target):  # what the graphs buy: the same records, compiled without them
+            plain = self._measure(job, session, path=os.path.join(job.work_dir, "tuned-no-cuda-graph.so"),
+                                  database=records, cuda_graph=False,
+                                  what="the tuned model without CUDA graphs")
+            extra["latency_without_cuda_graph_ms"] = plain.latency
+        extra["artifact_choice"] = self._never_slower(untuned, tuned, artifact)
+        if extra["artifact_choice"] == "untuned":
+            extra["rejected_tuned_build_ms"] = tuned.latency
+            tuned = Measured(artifact, untuned.latency, untuned.numerics)
+        report = tune_report(model=loaded.path or f"<torch module {loaded.name}>", job=job, config=self.config, outcome=outcome, untuned=untuned.latency,
+                             tuned=tuned.latency, environment=session.environment(), started=self.started,
+                             artifact=artifact, share_choice=self.share_choice or {"mode": "fixed",
+                                                                                   "chosen": job.label},
+                             repaired_bytes=repaired_bytes(job.db_dir))
+        report.update(extra)
+        self._describe(loaded, job, untuned.path, share_label=None, trials=0, db_dir=None)
+        self._describe(loaded, job, artifact, share_label=job.label, trials=count_trials(job.db_dir), db_dir=job.db_dir)
+        name = "report.json" if len(self.shares) == 1 else f"report-{job.label}.json"
+        path = write_report(report, self.out, name=name)
+        return TuneResult(share=job.label, out_dir=self.out, records_dir=job.db_dir, artifact=artifact,
+                          report_path=path, untuned_ms=untuned.latency["median_ms"],
+                          tuned_ms=tuned.latency["median_ms"], trials=outcome.trials_done, wall_s=report["wall_s"],
+                          report=report)
+
+    @staticmethod
+    def _describe(loaded: LoadedModel, job: ShareJob, artifact: str, *, share_label, trials: int, db_dir) -> None:
+        """The JSON beside the artifact that tunekit.load / run / bench read (deploy.metadata)."""
+        from ..deploy.metadata import metadata_for, write_metadata
+
+        write_metadata(artifact, metadata_for(loaded=loaded, target=job.target, share_label=share_label,
+                                              precision=job.precision, tuned_trials=trials, db_dir=db_dir,
+                                              prepared_mod=job.prepared))
+
+    @staticmethod
+    def _never_slower(untuned: Measured, tuned: Measured, artifact: str) -> str:
+        """Records that are each faster alone can still make the whole model slower (seen with the
+        µs-scale kernels of the transformer example). The artifact is never slower than the
+        untuned model: if the tuned build measured slower, the untuned build is shipped instead."""
+        if tuned.latency["median_ms"] <= untuned.latency["median_ms"]:
+            return "tuned"
+        log.warning("the tuned model measured slower than the untuned one (%.4f > %.4f ms): shipping the untuned "
+                    "build", tuned.latency["median_ms"], untuned.latency["median_ms"])
+        shutil.copyfile(untuned.path, artifact + ".tmp")
+        os.replace(artifact + ".tmp", artifact)
+        return "untuned"
+
+
+def _tensor_core_counts(tasks: list[dict]) -> dict:
+    return {"tasks": len(tasks), "tasks_tensorized": sum(1 for t in tasks if t.get("best_tensorized")),
+            "candidates_tensorized": sum(t.get("tensorized_trials", 0) for t in tasks)}

@@ -1,0 +1,145 @@
+"""What every command needs before it measures anything: the model, the out dir, and a session at
+the share (the MPS daemon on a GPU, the pinned environment), plus the environment a report records.
+
+Used by the pipeline, both executors, `profile`, `evaluate` and the SLO walk: one place for each.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import TunekitError
+from ..shares.share import Share, share_kind
+
+log = logging.getLogger("tunekit")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to tune, whatever it came from (an ONNX file, or a PyTorch module)."""
+
+    name: str          # what out dirs and artifacts are named after
+    path: str | None   # the ONNX file (None for a module)
+    onnx: object       # the checked onnx.ModelProto (None for a module)
+    inputs: object     # frontend.onnx_loader.ModelInputs (names, shapes, dtypes)
+    mod: object        # the Relax IRModule, fresh from import
+    output_names: list
+    digest: str        # what --resume checks the model against (records.identity)
+    reference: Callable[[dict], list]  # inputs -> the fp32 outputs every artifact is held to
+
+    @property
+    def source(self) -> str:
+        return "onnx" if self.onnx is not None else "torch"
+
+
+def load_model(model, input_shapes: dict | None = None, *, example_inputs=None) -> LoadedModel:
+    """An ONNX path (loaded, checked, dynamic dims fixed) or a torch.nn.Module (through torch.export,
+    at `example_inputs`), imported into Relax."""
+    from ..frontend.torch_loader import import_module, is_torch_module, module_digest
+
+    if is_torch_module(model):
+        mod, inputs, outputs, reference = import_module(model, example_inputs)
+        return LoadedModel(type(model).__name__.lower(), None, None, inputs, mod, outputs,
+                           module_digest(model, example_inputs), reference)
+    if not isinstance(model, (str, os.PathLike)):
+        raise TunekitError(f"the model must be an ONNX file path or a torch.nn.Module, not {type(model).__name__}")
+    return _load_onnx(os.fspath(model), input_shapes)
+
+
+def _load_onnx(path: str, input_shapes: dict | None) -> LoadedModel:
+    from ..frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
+    from ..numerics import onnxruntime_outputs
+    from ..records.identity import model_digest
+
+    model = load_onnx(path)
+    inputs = model_inputs(model, input_shapes or {})
+    return LoadedModel(os.path.splitext(os.path.basename(path))[0], path, model, inputs,
+                       import_to_relax(model, inputs), [o.name for o in model.graph.output], model_digest(path),
+                       lambda sample: onnxruntime_outputs(model, sample))
+
+
+def check_out_dir(out: str) -> None:
+    """Fail in one line, before minutes of work, when results could not be written."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".tunekit-write-test")
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise TunekitError(f"cannot write to out dir {out}: {exc.strerror or exc}") from None
+
+
+def resolve_share(gpu_pct, cpu_pct) -> Share:
+    """One share from the --gpu-pct / --cpu-pct values (an int each); the default is 50% of the CPU
+    cores, since a GPU is not guaranteed (laptops, CI) and a CPU share always is."""
+    from ..shares.mps import require_gpu
+
+    kind = share_kind(gpu_pct, cpu_pct)
+    if kind == "gpu":
+        require_gpu()
+        return Share("gpu", int(gpu_pct))
+    return Share("cpu", int(cpu_pct) if cpu_pct is not None else 50)
+
+
+def device_name(share: Share) -> str:
+    """What a share's records were measured on (part of a run's identity)."""
+    from ..shares.cpu import cpu_model
+    from ..shares.mps import gpu_name
+
+    return (gpu_name() or "unknown GPU") if share.kind == "gpu" else cpu_model()
+
+
+class ShareSession:
+    """Everything that exists while we work at one share: the MPS daemon (GPU; reused when the
+    environment already names one), and the pinned environment every measuring process gets."""
+
+    def __init__(self, share: Share, *, allow_unenforced: bool):
+        self.share = share
+        self.allow_unenforced = allow_unenforced
+        self.mps = None
+        self.sm_count = None
+        self.enforced = True
+        self.pinned = None
+
+    def __enter__(self) -> "ShareSession":
+        from ..shares.pinning import pinned_env
+
+        if self.share.kind == "cpu":
+            self.pinned = pinned_env(self.share)
+            return self
+        from ..shares.mps import MPSDaemon, sm_count_at_share
+
+        try:
+            self.mps = MPSDaemon().start()
+            self.pinned = pinned_env(self.share, mps_env=self.mps.env())
+            self.sm_count = sm_count_at_share(self.share, self.pinned.env)
+        except TunekitError:
+            if not self.allow_unenforced:
+                raise
+            log.warning("UNENFORCED SHARE: MPS is not usable; measuring on the whole GPU")
+            self.enforced = False
+            self.pinned = pinned_env(self.share, enforced=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.mps is not None:
+            self.mps.stop()
+
+    def environment(self) -> dict:
+        """What report.json records about where the measurements ran."""
+        import tvm
+
+        from ..shares.mps import gpu_name
+
+        env = {"tvm_version": tvm.__version__, "python": platform.python_version(), "host": platform.node(),
+               "cpu_count": os.cpu_count(), "share": self.share.label, "share_enforced": self.enforced}
+        if self.share.kind == "gpu":
+            env.update({"gpu_name": gpu_name(), "sm_count_at_share": self.sm_count,
+                        "mps_pipe_dir_private": bool(self.mps and self.mps.started_by_us)})
+        else:
+            env["cores_at_share"] = self.pinned.cores
+        return env

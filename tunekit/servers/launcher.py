@@ -1,0 +1,49 @@
+"""How a runner server process is started: tunekit's warm server or TVM's stock one.
+
+`ServerLauncher.create(kind)` takes a name or a launcher, as MetaSchedule's `Runner.create` does.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..errors import TunekitError
+
+
+class ServerLauncher:
+    name = ""
+    checks_secret = False  # whether its servers demand the RPC secret before loading code
+
+    def command(self, *, tracker: str, key: str, host: str, port: int, gpu: bool) -> list[str]:
+        raise NotImplementedError
+
+    @staticmethod
+    def create(kind: "str | ServerLauncher") -> "ServerLauncher":
+        if isinstance(kind, ServerLauncher):
+            return kind
+        launchers = {"warm": WarmServerLauncher, "stock": StockServerLauncher}
+        if kind not in launchers:
+            raise TunekitError(f"server mode must be one of {tuple(launchers)}, not {kind!r}")
+        return launchers[kind]()
+
+
+class WarmServerLauncher(ServerLauncher):
+    """tunekit's in-process server: the CUDA context survives across sessions (servers.warm_server)."""
+
+    name = "warm"
+    checks_secret = True
+
+    def command(self, *, tracker, key, host, port, gpu):
+        cmd = [sys.executable, "-m", "tunekit.servers.warm_server", "--tracker", tracker, "--key", key,
+               "--host", host, "--port", str(port)]
+        return cmd + ["--check-cuda"] if gpu else cmd
+
+
+class StockServerLauncher(ServerLauncher):
+    """tvm.exec.rpc_server: a new process per session; the baseline. It cannot check a secret."""
+
+    name = "stock"
+
+    def command(self, *, tracker, key, host, port, gpu):
+        cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", key, "--host", host,
+               "--port", str(port), "--port-end", str(port + 1)]
+        return cmd + ["--no-fork"] if gpu else cmd  # fork mode fails CUDA init

@@ -1,0 +1,62 @@
+"""Small TVM kernels with a known behaviour on a runner server (each an IRModule with "main")."""
+from __future__ import annotations
+
+
+def add_one_module(n: int = 1024):
+    """B = A + 1: builds and measures in milliseconds."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] + 1, name="B")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def take_module(rows: int = 4, cols: int = 8, n: int = 256):
+    """An embedding lookup: reads its table at the int64 index argument's values."""
+    import tvm
+    from tvm import te
+
+    table = te.placeholder((rows, cols), name="table")
+    index = te.placeholder((n,), dtype="int64", name="index")
+    out = te.compute((n, cols), lambda i, j: table[index[i], j], name="out")
+    return tvm.IRModule({"main": te.create_prim_func([table, index, out])})
+
+
+def crash_module():
+    """Calls abort(): the server process dies with the candidate (SIGABRT)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def crash(a: T.Buffer((1,), "float32")):
+        T.evaluate(T.call_extern("int32", "abort"))
+        a[0] = T.float32(1)
+
+    return tvm.IRModule({"main": crash})
+
+
+def hang_module():
+    """Never returns: the server must be stopped from outside."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def hang(a: T.Buffer((1,), "float32")):
+        while T.float32(1) > T.float32(0):
+            a[0] = a[0] + T.float32(1)
+
+    return tvm.IRModule({"main": hang})
+
+
+def slow_module():
+    """A dependent chain of 10^9 steps: seconds per call, then returns."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def slow(a: T.Buffer((1,), "float32")):
+        for _ in range(1000000000):
+            a[0] = a[0] * T.float32(0.999999) + T.float32(1)
+
+    return tvm.IRModule({"main": slow})
