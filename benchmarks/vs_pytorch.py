@@ -151,7 +151,7 @@ class Bench:
             entry["calls"] = entry.get("calls", 0) + 1
             entry.setdefault("untuned_ms", report["latency_ms"]["untuned"]["median_ms"])
             entry["last"] = _summary(report)
-            if entry["tuning_s"] >= due[0] - 5:
+            if entry["tuning_s"] >= due[0] - 5 or report["trials"]["measured"] == 0:  # due, or nothing left
                 entry["checkpoints"].append({"budget_s": due[0], **entry["last"], "tuning_s": entry["tuning_s"],
                                              "trials": entry["trials"]})
             self.save()

@@ -82,7 +82,8 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
     configs = [{}, NO_STORAGE_REWRITE] if target.kind.name == "cuda" and database is not None else [{}]
     for attempt, extra in enumerate(configs):
         try:
-            with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": bool(graphs), **extra}):
+            # `with target`: NVRTC takes the architecture from the current target
+            with target, tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": bool(graphs), **extra}):
                 executable = tvm.compile(mod, target=target)
             break
         except Exception:

@@ -107,14 +107,23 @@ def model_inputs(model, overrides: dict[str, list[int]]) -> ModelInputs:
 
 
 def import_to_relax(model, inputs: ModelInputs):
+    """The ONNX model in Relax. When TVM's importer fails, once more with the graph's shape
+    computations folded by onnxruntime (frontend.onnx_fold); the first error is the one reported."""
     from tvm.relax.frontend.onnx import from_onnx
+
+    from .onnx_fold import fold_shapes
 
     try:
         return from_onnx(model, shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
     except Exception as exc:
-        message = str(exc).strip().splitlines()
-        text = " ".join(message[-3:]) if message else type(exc).__name__
-        if "not supported" in text.lower() or "unsupported" in text.lower():
-            ops = sorted({n.op_type for n in model.graph.node})
-            raise TunekitError(f"TVM cannot import this model: {text[:300]} (operators in the model: {', '.join(ops)})") from None
-        raise TunekitError(f"TVM could not import the model: {text[:300]}") from None
+        first = exc
+    try:
+        return from_onnx(fold_shapes(model, inputs.shapes), shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
+    except Exception:
+        pass
+    message = str(first).strip().splitlines()
+    text = " ".join(message[-3:]) if message else type(first).__name__
+    if "not supported" in text.lower() or "unsupported" in text.lower():
+        ops = sorted({n.op_type for n in model.graph.node})
+        raise TunekitError(f"TVM cannot import this model: {text[:300]} (operators in the model: {', '.join(ops)})")
+    raise TunekitError(f"TVM could not import the model: {text[:300]}")
