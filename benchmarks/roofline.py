@@ -42,13 +42,15 @@ def kernel_bytes(mod) -> int:
 def analyse(model: str, report: dict, sms: int) -> list[dict]:
     from tvm.target import Target
 
-    from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning, task_flops
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import extract_tasks, task_flops
     from tunekit.run.session import load_model
 
     target = Target(report["target"])  # a JSON object since the report has one (tunekit.targets.target_dict)
     precision = report.get("precision", "fp32")
     loaded = load_model(model, report.get("config", {}).get("input_shapes") or {})
-    tasks = {t.task_name: t for t in extract_tasks(prepare_for_tuning(loaded.mod, target, precision=precision), target)}
+    prepared, _ = prepare(loaded.mod, target, precision=precision)
+    tasks = {t.task_name: t for t in extract_tasks(prepared, target)}
     compute = PEAK_TFLOPS[precision] * 1e12 * sms / H100_SMS
     rows = []
     for row in report["tasks"]:
