@@ -50,6 +50,10 @@ def test_records_summary_matches_report(tuned):
     best_in_records = sorted(round(w["best_us"], 3) for w in summary["per_workload"] if w["best_us"])
     best_in_report = sorted(t["tuned_us"] for t in result["report"]["tasks"] if t["tuned_us"])
     assert best_in_records == pytest.approx(best_in_report, rel=1e-3)
+    # the compiled model's metadata: the share, and built from exactly these records
+    artifact = json.loads(proc.stdout)["artifacts"][os.path.basename(result["report"]["artifact"])]
+    assert artifact["share"] == "cpu50" and artifact["records_current"] is True
+    assert artifact["tuned_trials"] == summary["trials"] and artifact["inputs"][0]["name"] == "x"
 
 
 def test_compile_and_evaluate_match_onnxruntime(tuned, example_model, tmp_path):

@@ -86,13 +86,40 @@ def add_records(p) -> None:
     p.add_argument("dir")
 
 
+def _artifacts(directory: str, databases: dict) -> dict:
+    """The compiled models in `directory` with their metadata, and whether the records they were
+    built from are still those in the directory (the records' digest)."""
+    import glob
+    import os
+
+    from ..deploy.metadata import metadata_path, read_metadata, records_digest
+
+    found = {}
+    for artifact in sorted(glob.glob(os.path.join(directory, "*.so"))):
+        if not os.path.isfile(metadata_path(artifact)):
+            continue
+        meta = read_metadata(artifact)
+        db = databases.get(meta.share) if meta.share else None
+        found[os.path.basename(artifact)] = {
+            "share": meta.share, "precision": meta.precision, "tuned_trials": meta.tuned_trials,
+            "tvm_version": meta.tvm_version, "inputs": [spec.to_dict() for spec in meta.inputs],
+            "records_current": None if db is None else records_digest(db) == meta.records_digest}
+    return found
+
+
 def records_command(args) -> int:
     from ..records.database import find_share_databases, summarize
 
-    summaries = {label: summarize(path) for label, path in find_share_databases(args.dir).items()}
+    databases = find_share_databases(args.dir)
+    summaries = {label: summarize(path) for label, path in databases.items()}
     lines = [f"{label}: {s['workloads']} workloads, {s['trials']} trials ({s['failed_trials']} failed)"
              for label, s in summaries.items()]
-    emit(args, summaries, "\n".join(lines))
+    artifacts = _artifacts(args.dir, databases)
+    for name, info in artifacts.items():
+        state = {True: "built from these records", False: "records changed since it was built", None: "untuned"}
+        lines.append(f"{name}: {info['share'] or 'untuned'}, {info['precision']}, {info['tuned_trials']} trials, "
+                     f"{state[info['records_current']]}")
+    emit(args, {**summaries, "artifacts": artifacts} if artifacts else summaries, "\n".join(lines))
     return EXIT_OK
 
 
