@@ -7,6 +7,9 @@ its clients' start-up), plus, for reference, the single-process engine without R
 
   python benchmarks/coordinator_scaling.py --model tiny_cnn --cpu-pct 50 --trials 32
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --trials 48 --setups 1x1,1x2,2x2
+  # clients on CPU nodes of a cluster, fleets on its GPU node (README: Clients where the CPUs are):
+  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 4x2x1,8x2x2 --no-single-process \
+      --ray-address HEAD:6379 --client-nodes tunekit_client --rpc-secret-file ~/.tunekit-secret
 """
 from __future__ import annotations
 
@@ -32,6 +35,10 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         cmd += ["--clients", str(clients)]
     if gpus:
         cmd += ["--gpus", ",".join(str(g) for g in range(gpus))]
+    if clients is not None:
+        for flag in ("ray_address", "client_nodes", "rpc_secret_file"):
+            if getattr(args, flag):
+                cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -49,7 +56,10 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "untuned_ms": report["latency_ms"]["untuned"]["median_ms"],
             "tuned_ms": report["latency_ms"]["tuned"]["median_ms"],
             "tuned_std_ms": report["latency_ms"]["tuned"].get("std_ms"),
-            "server_restarts": report.get("server_restarts", 0)}
+            "server_restarts": report.get("server_restarts", 0),
+            "client_nodes": sorted({f"{p['ip']} ({p['cores']} cores, {p['build_workers']} build workers)"
+                                    for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
+                                    if "build_workers" in p}) if clients is not None else []}
 
 
 def table(rows: list[dict]) -> str:
@@ -81,6 +91,9 @@ def main() -> None:
                         help="CLIENTSxSERVERS[xGPUS] list through Ray (the first is the reference); "
                              "servers are per GPU, GPUS uses devices 0..GPUS-1")
     parser.add_argument("--keep-reports", help="copy each setup's report.json into this folder")
+    parser.add_argument("--ray-address", help="Ray setups join this cluster (default: each starts Ray here)")
+    parser.add_argument("--client-nodes", help="Ray setups: where the tuning clients go (any, cpu-only, a resource)")
+    parser.add_argument("--rpc-secret-file", help="Ray setups: the secret fleets demand on a cluster of machines")
     parser.add_argument("--no-single-process", action="store_true", help="skip the no-Ray reference run")
     parser.add_argument("--results", help="write the table here (Markdown; a .json beside it)")
     args = parser.parse_args()

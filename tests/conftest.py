@@ -30,6 +30,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_runtime_dir(tmp_path_factory):
+    """Every share session books its share in a machine-wide ledger (shares/ledger.py): the tests get
+    a ledger of their own, so that other tunekit jobs on this machine neither refuse nor are refused."""
+    os.environ["TUNEKIT_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("tunekit-runtime"))
+
+
 @pytest.fixture(scope="session")
 def example_model(tmp_path_factory):
     from tunekit.models.examples import save_example

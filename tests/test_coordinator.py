@@ -48,6 +48,57 @@ def test_share_groups_fit_the_device_and_refuse_overlap():
     assert slots == {"cpu25": [[0]], "cpu50": [[1, 2]]} and not overlapped
 
 
+
+def _node(node_id, cpus, alive=True, **resources):
+    return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpus, **resources}}
+
+
+def test_client_placement_follows_client_nodes_and_cpu_fleets_skip_client_nodes():
+    gpu, small, big = _node("gpu", 16, GPU=2), _node("small", 4, tunekit_client=1), _node("big", 32, tunekit_client=1)
+    nodes = [gpu, small, big, _node("dead", 64, alive=False, tunekit_client=1)]
+    ids = lambda found: [n["NodeID"] for n in found]  # noqa: E731
+    assert ids(planning.client_nodes(nodes, "any")) == ["gpu", "small", "big"]
+    assert ids(planning.client_nodes(nodes, "cpu-only")) == ["small", "big"]
+    assert ids(planning.client_nodes(nodes, "tunekit_client")) == ["small", "big"]
+    assert ids(planning.client_nodes(nodes, "other")) == []
+    # A CPU share measures on every node but the client nodes (their cores are for building).
+    assert ids(planning.cpu_fleet_nodes(nodes, "tunekit_client")) == ["gpu"]
+    assert ids(planning.cpu_fleet_nodes(nodes, "cpu-only")) == ["gpu", "small", "big"]
+    # Fewest clients per CPU first: the 32-core node takes most; one already busy counts.
+    placed = planning.place_clients([small, big], 9)
+    assert placed.count("big") == 8 and placed.count("small") == 1
+    assert planning.place_clients([small, big], 1, busy={"big": 8}) == ["small"]
+    # Build workers come from the node the client landed on, not the coordinator's machine.
+    assert planning.build_workers_for(32, 32.0, 4) == 8
+    assert planning.build_workers_for(2, 1.0, 2) == 1  # Ray's CPUs of the node cap the cores
+    assert planning.build_workers_for(8, 0.0, 3) == 2   # a node that declares no CPUs: its cores
+
+
+def test_client_nodes_setting_is_checked_before_any_work(monkeypatch):
+    import ray
+
+    from tunekit.config import CoordinatorConfig, TuneConfig
+    from tunekit.coordinator.executor import RayExecutor
+
+    for bad in ("", "a b", "GPU", 3):
+        with pytest.raises(TunekitError, match="--client-nodes"):
+            CoordinatorConfig(client_nodes=bad)
+    nodes = [_node("gpu", 16, GPU=1), _node("cpu", 8, tunekit_client=1)]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    check = lambda setting, kind: RayExecutor(  # noqa: E731
+        TuneConfig(), CoordinatorConfig(client_nodes=setting), rpc_secret=None)._check_placement(kind)
+    check("tunekit_client", "cpu")
+    check("cpu-only", "gpu")
+    with pytest.raises(TunekitError, match="no node of the Ray cluster advertises the resource nope"):
+        check("nope", "cpu")
+    nodes[:] = [_node("gpu", 16, GPU=1)]
+    with pytest.raises(TunekitError, match="every node of the Ray cluster has GPUs"):
+        check("cpu-only", "gpu")
+    nodes[:] = [_node("cpu", 8, tunekit_client=1)]
+    with pytest.raises(TunekitError, match="none is left for the CPU share's runner servers"):
+        check("tunekit_client", "cpu")
+
+
 # ---------------------------------------------------------------- merge
 def _shard(path, workloads, records):
     os.makedirs(path, exist_ok=True)
@@ -253,3 +304,40 @@ def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example
     assert sum(per.values()) == len(traces)  # nothing measured twice
     assert report["trials"]["measured"] == sum(per.values()) <= 12
     assert os.path.getsize(report["artifact"]) > 0
+
+
+def test_clients_run_only_on_client_nodes_and_measure_on_the_fleet_nodes(example_model, tmp_path):
+    """`--client-nodes tunekit_client` on a 2-node `ray.cluster_utils.Cluster`: the head (no client
+    resource) hosts the CPU share's fleet; the other node advertises tunekit_client and hosts every
+    tuning client and no fleet. Fleets listen on the node address with the secret, as on several
+    machines. The budget is spent exactly and nothing is measured twice."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    client_node = cluster.add_node(num_cpus=2, resources={"tunekit_client": 1})
+    cluster.wait_for_nodes()
+    (tmp_path / "secret").write_text("client-nodes-test-secret-0123456789abcdef\n")
+    os.chmod(tmp_path / "secret", 0o600)
+    try:
+        proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--trials", "8",
+                       "--trials-per-iter", "2", "--ray-address", cluster.address, "--client-nodes", "tunekit_client",
+                       "--listen-host", "0.0.0.0", "--rpc-secret-file", tmp_path / "secret",
+                       "--out", tmp_path / "split", "--json")
+        head_id, head_ip = cluster.head_node.node_id, cluster.head_node.node_ip_address
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    coord = report["coordinator"]
+    assert report["environment"]["ray"]["nodes"] == 2 and coord["client_nodes"] == "tunekit_client"
+    ran_on = [place for shard in coord["shards"] for place in shard["ran_on"]]
+    assert len(coord["shards"]) == 2 and len(ran_on) == 2, coord["shards"]
+    assert {p["node_id"] for p in ran_on} == {client_node.node_id}, ran_on
+    # Sized from the client node (2 CPUs, 2 clients), not from the coordinator's machine.
+    assert all(p["node_cpus"] == 2 and p["build_workers"] == 1 and p["cores"] >= 1 for p in ran_on), ran_on
+    # The fleet stays on the head, on its node address (clients prove the secret to reach it).
+    assert {f["key"].split("-")[2] for f in coord["fleets"]} == {head_id[:6]}
+    assert {f["host"] for f in coord["fleets"]} == {head_ip}
+    assert report["trials"]["measured"] == 8 and report["trials"]["failed"] == 0
+    keys = record_keys(report["records_dir"])
+    assert len(keys) == 8 and len(distinct(keys)) == 8  # exactly the budget, no candidate twice

@@ -162,3 +162,9 @@ def test_report_counts_tensorized_tasks_and_records_precision(example_model, tmp
     assert report["artifact_choice"] in ("tuned", "untuned")
     build = report["phases"]["build_profile"]
     assert build["candidates"] >= report["trials"]["measured"] and build["export_per_candidate_s"] > 0
+    # where the whole command's time goes, tuning and everything around it
+    steps = report["command_s"]
+    assert {"load_s", "prepare_s", "untuned_s", "tune_s", "tuning_wall_s", "finish_s"} <= set(steps)
+    assert steps["tune_s"] >= steps["tuning_wall_s"] > 0 and sum(steps.values()) - steps["tuning_wall_s"] \
+        <= report["wall_s"] + 1
+    assert report["phases"]["total_s"]["model_s"] > 0  # the cost model trained on its own thread

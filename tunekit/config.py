@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import TunekitError
@@ -35,11 +36,23 @@ class TuneConfig:
     task_scheduler: str = "gradient"
     min_task_share: float = 0.005
     time_budget_s: float | None = None  # stop launching batches after this many seconds of tuning
+    async_cost_model: bool = True    # train the cost model on its own thread, overlapping the loop
+    # Warm start (clients.warm_start): tune out dirs / record dirs whose best records per task are
+    # measured again at this share before the search; their cost model is loaded when none is here.
+    warm_start: list[str] = field(default_factory=list)
+    warm_start_top_k: int = 8
     # ---- measurement
     servers: int = 1                 # runner servers at the share
     server_mode: str = "warm"        # "warm" (tunekit) or "stock" (tvm.exec.rpc_server)
     session_timeout_s: float = 120.0
     allow_unenforced_share: bool = False  # GPU without MPS: loudly labelled in the report
+    # ---- other jobs on this machine (shares.ledger): each job books pct x servers of its device;
+    # past 100% it is refused, unless it may wait up to share_wait_s for others to leave, or oversubscribe.
+    oversubscribe: bool = False
+    share_wait_s: float = 0.0
+    # One measurement at a time per device (shares.measure_lock): "auto" = on a GPU only (servers there
+    # share memory bandwidth and L2; CPU shares have disjoint cores), true, false.
+    measure_lock: bool | str = "auto"
     measure_repeats: int = 20        # latency repeats for before/after numbers
     stock_runner: str = "auto"      # engine=stock only: "rpc", "local", or auto (local on GPU, rpc on CPU)
     min_repeat_ms: int = 20          # time evaluator: minimum time per measurement
@@ -83,7 +96,7 @@ class TuneConfig:
         return min(50, max(16, self.trials_per_iter)) if target_kind == "cuda" else 50
 
     def __post_init__(self):
-        for name in ("trials", "trials_per_iter", "servers", "measure_repeats", "search_population",
+        for name in ("trials", "trials_per_iter", "servers", "measure_repeats", "warm_start_top_k", "search_population",
                      "search_genetic_iters", "search_init_samples", "min_repeat_ms"):
             value = getattr(self, name)
             if value is None and name in ("search_population", "search_genetic_iters", "search_init_samples"):
@@ -102,6 +115,8 @@ class TuneConfig:
                                f"got {self.servers_gone_timeout_s!r}")
         if not isinstance(self.listen_host, str) or not self.listen_host.strip():
             raise TunekitError(f"listen_host must be a host address, got {self.listen_host!r}")
+        if not isinstance(self.warm_start, list) or not all(isinstance(d, str) for d in self.warm_start):
+            raise TunekitError(f"warm_start must be a list of directories, got {self.warm_start!r}")
         if self.max_output_error is not None and (not isinstance(self.max_output_error, (int, float))
                                                   or isinstance(self.max_output_error, bool)
                                                   or not self.max_output_error > 0):
@@ -116,6 +131,13 @@ class TuneConfig:
             raise TunekitError(f"stock_runner must be auto, rpc or local, not {self.stock_runner!r}")
         if self.overlap not in (True, False, "auto"):
             raise TunekitError(f"overlap must be true, false or auto, not {self.overlap!r}")
+        if self.measure_lock not in (True, False, "auto"):
+            raise TunekitError(f"measure_lock must be true, false or auto, not {self.measure_lock!r}")
+        if not isinstance(self.oversubscribe, bool):
+            raise TunekitError(f"oversubscribe must be true or false, not {self.oversubscribe!r}")
+        if (not isinstance(self.share_wait_s, (int, float)) or isinstance(self.share_wait_s, bool)
+                or not self.share_wait_s >= 0):
+            raise TunekitError(f"--wait-for-share must be a number of seconds >= 0, got {self.share_wait_s!r}")
         if self.server_mode not in ("warm", "stock"):
             raise TunekitError(f"server_mode must be 'warm' or 'stock', not {self.server_mode!r}")
 
@@ -129,10 +151,20 @@ class CoordinatorConfig:
     ray_address: str | None = None    # join this Ray cluster (default: RAY_ADDRESS, else start Ray here)
     oversubscribe: bool = False       # allow the shares on one device to sum past 100%
     client_restarts: int = 2          # how often a client that died is started again, per shard
+    # Which Ray nodes host the tuning clients (CPU work: search, build): "any" (Ray spreads them),
+    # "cpu-only" (nodes without GPUs) or the name of a Ray custom resource that client nodes
+    # advertise (e.g. tunekit_client). Fleets stay on the nodes of the device they measure.
+    client_nodes: str = "any"
 
     def __post_init__(self):
         if not isinstance(self.clients, int) or isinstance(self.clients, bool) or self.clients < 1:
             raise TunekitError(f"--clients must be a positive integer, got {self.clients!r}")
+        if not isinstance(self.client_nodes, str) or not re.fullmatch(r"[A-Za-z0-9_.:/-]+", self.client_nodes):
+            raise TunekitError(f"--client-nodes must be any, cpu-only or a Ray custom resource name such as "
+                               f"tunekit_client, got {self.client_nodes!r}")
+        if self.client_nodes in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise TunekitError(f"--client-nodes {self.client_nodes}: name a custom resource that only client "
+                               "nodes advertise (e.g. tunekit_client), or use cpu-only")
 
 
 def load_yaml_config(path: str) -> dict:

@@ -15,6 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--time-budget", dest="time_budget_s", type=float, metavar="S",
                    help="stop tuning after S seconds (batches in flight still finish); with --resume the next run "
                    "continues. --trials still caps the run")
+    p.add_argument("--warm-start", action="append", metavar="DIR",
+                   help="start from the records of another run (a tune out dir or a records dir; repeatable): the "
+                   "best of them per task are measured again at this share, then the search goes on from them")
     p.add_argument("--precision", choices=["auto", "fp32", "fp16"],
                    help="auto (default): fp16 with fp32 accumulation and NHWC convs on a GPU with tensor cores, "
                    "fp32 on CPU")
@@ -25,8 +28,19 @@ def add_arguments(p) -> None:
                    "through the Ray coordinator, started here unless a cluster is given (default: 1 process, no Ray)")
     p.add_argument("--gpus", help="GPU indices to put runner servers on, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS, else start Ray here)")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="allow the shares tuned at the same time on one device to sum past 100%%")
+    p.add_argument("--client-nodes", metavar="WHERE",
+                   help="Ray nodes for the tuning clients: any (default, spread), cpu-only (nodes without GPUs) or "
+                   "a custom resource that client nodes advertise, e.g. tunekit_client (ray start --resources "
+                   "'{\"tunekit_client\": 1}'); for a CPU share those nodes host no runner servers")
+    p.add_argument("--oversubscribe", action="store_true", default=None,
+                   help="allow the shares on one device to sum past 100%%: this run's shares tuned at the same "
+                   "time, and other tunekit jobs on this machine (the ledger refuses a job that would pass 100%%)")
+    p.add_argument("--wait-for-share", dest="share_wait_s", type=float, metavar="S",
+                   help="when other tunekit jobs hold too much of the device, wait up to S seconds for them to "
+                   "leave instead of being refused (default 0)")
+    p.add_argument("--measure-lock", choices=["auto", "on", "off"],
+                   help="one measurement at a time per device, across every tunekit job on this machine "
+                   "(default auto: on for a GPU, off for CPU shares, whose cores are disjoint)")
     p.add_argument("--server-mode", choices=["warm", "stock"])
     p.add_argument("--engine", choices=["tunekit", "stock"],
                    help="tunekit's fast tuning loop (default) or stock MetaSchedule, for comparison (one process only)")
@@ -55,7 +69,8 @@ def add_arguments(p) -> None:
 
 
 _CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed", "listen_host",
-                 "rpc_secret_file", "servers_gone_timeout_s", "time_budget_s", "precision")
+                 "rpc_secret_file", "servers_gone_timeout_s", "time_budget_s", "precision",
+                 "oversubscribe", "share_wait_s")
 
 
 def tune_config(args):
@@ -68,7 +83,11 @@ def tune_config(args):
             setattr(args, key, values[key])
         values.pop(key, None)
     values.update({flag: getattr(args, flag) for flag in _CONFIG_FLAGS if getattr(args, flag, None) is not None})
+    if args.warm_start:
+        values["warm_start"] = [*values.get("warm_start", []), *args.warm_start]
     values["input_shapes"] = {**(values.get("input_shapes") or {}), **input_shapes(args)}
+    if args.measure_lock is not None:
+        values["measure_lock"] = {"on": True, "off": False}.get(args.measure_lock, args.measure_lock)
     if args.resume:
         values["resume"] = True
     if args.allow_unenforced_share:
@@ -91,12 +110,13 @@ def _several(args) -> bool:
     return any("," in str(v) for v in (args.gpu_pct, args.cpu_pct) if v is not None)
 
 
-def coordinator_config(args):
-    """A CoordinatorConfig when the run should go through Ray, else None (one process)."""
+def coordinator_config(args, *, oversubscribe: bool = False):
+    """A CoordinatorConfig when the run should go through Ray, else None (one process).
+    `oversubscribe`: the run's TuneConfig.oversubscribe (--oversubscribe or the YAML's)."""
     from ..config import CoordinatorConfig
 
     wanted = (args.clients is not None or args.gpus is not None or args.ray_address or os.environ.get("RAY_ADDRESS")
-              or _several(args) or args.oversubscribe)
+              or _several(args) or args.client_nodes is not None)
     if not wanted:
         return None
     gpus = None
@@ -108,7 +128,8 @@ def coordinator_config(args):
         if not gpus or min(gpus) < 0:
             raise TunekitError(f"--gpus must be a list of GPU indices such as 0,1, got {args.gpus!r}")
     return CoordinatorConfig(clients=args.clients if args.clients is not None else 2, gpus=gpus,
-                             ray_address=args.ray_address, oversubscribe=args.oversubscribe)
+                             ray_address=args.ray_address, oversubscribe=bool(args.oversubscribe or oversubscribe),
+                             client_nodes=args.client_nodes or "any")
 
 
 def _tune_slo(args) -> int:
@@ -120,7 +141,8 @@ def _tune_slo(args) -> int:
         raise TunekitError("--slo-max-speedup needs --slo-ms")
     slo_ms = check_slo_ms(args.slo_ms)  # before the model is loaded: a typo fails at once
     ray_flags = [flag for flag, attr in (("--clients", "clients"), ("--gpus", "gpus"), ("--ray-address", "ray_address"),
-                                         ("--oversubscribe", "oversubscribe")) if getattr(args, attr, None)]
+                                         ("--client-nodes", "client_nodes"))
+                 if getattr(args, attr, None)]
     if ray_flags:  # the SLO walk tunes one share at a time, in this process: refuse rather than ignore them
         raise TunekitError(f"--slo-ms does not go through the Ray coordinator: drop {', '.join(ray_flags)}")
     result = api.tune_for_slo(args.model, slo_ms=slo_ms, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out,
@@ -147,7 +169,7 @@ def run(args) -> int:
     if args.slo_ms is not None or args.slo_max_speedup is not None:
         return _tune_slo(args)
     config = tune_config(args)
-    coordinator = coordinator_config(args)
+    coordinator = coordinator_config(args, oversubscribe=config.oversubscribe)
     if _several(args):
         return _tune_shares(args, config, coordinator)
     result = api.tune(args.model, gpu_pct=_pct(args.gpu_pct, "--gpu-pct"), cpu_pct=_pct(args.cpu_pct, "--cpu-pct"),

@@ -25,7 +25,7 @@ class Engine(Protocol):
     name: str
 
     def tune(self, *, tasks, target, database, work_dir: str, measurement: Measurement, config: TuneConfig,
-             progress) -> TuningOutcome:
+             progress, records_dir: str | None = None) -> TuningOutcome:
         ...
 
     @staticmethod

@@ -41,7 +41,9 @@ class PhaseTimes:
     load_s: float = 0.0    # summed over candidates: upload + dlopen on the server
     run_s: float = 0.0     # summed over candidates: argument fill + timing on the server
     wait_s: float = 0.0    # main thread blocked on a batch (its build or its measurements)
-    update_s: float = 0.0  # database commits, cost-model training, search-state updates
+    update_s: float = 0.0  # database commits and search-state updates (and cost-model training when inline)
+    model_s: float = 0.0   # cost-model training on its own thread (overlaps search, build and measurement)
+    lock_wait_s: float = 0.0  # summed over candidates: waiting for the device's measurement lock
 
     def as_dict(self, wall_s: float, trials: int) -> dict:
         phases = {k: round(v, 3) for k, v in self.__dict__.items()}
@@ -96,6 +98,7 @@ class SearchRequest:
     count_existing: bool = False
     improving_only: bool = True
     tag: dict = field(default_factory=dict)
+    warm_start: list = field(default_factory=list)  # opened databases of other runs (clients.warm_start)
 
 
 # MultiLevelTilingTensorCore (and the CPU rules that tensorize) annotate the block they tile for an
@@ -175,6 +178,11 @@ class SearchLoop:
         self.phases = PhaseTimes()
         self.device_type = "cuda" if request.target.kind.name == "cuda" else "cpu"
         self.tasks = self._make_tasks()
+        self.warm_started: dict[str, int] = {}  # task -> foreign candidates measured again at this share
+        # The cost model trains on its own thread (0.17 s a trial on the H100 when it ran in the
+        # loop): one update at a time, in order; the search predicts with the model trained so far.
+        self.updater = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-model") \
+            if request.config.async_cost_model else None
         self.scheduler = TaskScheduler(self.tasks, pool=request.pool, trials_per_iter=request.config.trials_per_iter,
                                        improving_only=request.improving_only, policy=request.config.task_scheduler,
                                        pool_key=str(request.tag.get("client")) if "client" in request.tag else None)
@@ -282,6 +290,7 @@ class SearchLoop:
             if timing is not None:
                 self.phases.load_s += timing.load_s
                 self.phases.run_s += timing.run_s
+                self.phases.lock_wait_s += timing.lock_wait_s
             callbacks.remove_artifact(build.artifact_path)
             if is_not_measured(result):
                 continue  # never ran (the runner gave up on the share's servers): not a trial, not recorded
@@ -296,7 +305,7 @@ class SearchLoop:
                 ok_results.append(result)
         if self.runner.fatal is not None:
             raise self.runner.fatal  # every server of the share gone: stop, with what was measured recorded
-        callbacks.update_cost_model(self.cost_model, task=task, candidates=ok_candidates, results=ok_results)
+        self._update_model(task, ok_candidates, ok_results)
         # The search strategy hears about every candidate it proposed, the cached ones included.
         task.ctx.notify_runner_results([batch.candidates[j] for j in batch.fresh + batch.cached],
                                        results + [RunnerResult(task.seen[batch.keys[j]], None) for j in batch.cached])
@@ -304,6 +313,20 @@ class SearchLoop:
         self.phases.update_s += time.perf_counter() - t
         self._report_progress(task, len(batch.fresh))
         return len(batch.fresh)
+
+    def _update_model(self, task: TaskState, candidates: list, results: list) -> None:
+        if not candidates:
+            return
+        if self.updater is None:
+            callbacks.update_cost_model(self.cost_model, task=task, candidates=candidates, results=results)
+            return
+
+        def update():
+            t = time.perf_counter()
+            callbacks.update_cost_model(self.cost_model, task=task, candidates=candidates, results=results)
+            self.phases.model_s += time.perf_counter() - t
+
+        self.updater.submit(update)
 
     def _report_progress(self, task: TaskState, trials: int) -> None:
         if self.req.pool is not None:
@@ -324,8 +347,8 @@ class SearchLoop:
         budget = self.req.config.time_budget_s
         return budget is not None and time.perf_counter() - started >= budget
 
-    def run(self) -> LoopOutcome:
-        started = time.perf_counter()
+    def _before_search(self, stage) -> int:
+        """Per-task baselines, negligible tasks, warm start. Returns the trials it spent."""
         if self.req.measure_untuned:
             self._measure_untuned()
             if self.req.config.task_scheduler == "gradient":
@@ -333,44 +356,87 @@ class SearchLoop:
             for task in self.tasks:
                 if task.negligible:
                     self.scheduler.release_unused(task)  # per-task budgets: its trials go to the pool
+        warm = self._warm_batches()
+        for batch in warm:
+            batch.staged = stage.submit(self._build_and_submit, batch)
+        return sum(self._join(batch) for batch in warm)
+
+    def _warm_batches(self) -> list[_Batch]:
+        """One batch per task of the best foreign records not measured here yet (clients.warm_start):
+        they go through build, measurement and the database like any candidate."""
+        if not self.req.warm_start:
+            return []
+        from . import warm_start
+
+        chosen = warm_start.pick([t for t in self.tasks if not t.negligible],
+                                 warm_start.best_records(self.req.warm_start),
+                                 top_k=self.req.config.warm_start_top_k, trace_key=trace_key)
+        if self.req.task_budgets is None:
+            chosen = chosen[:self.req.config.trials]
+        by_task: dict[int, list] = {}
+        for task, record in chosen:
+            try:
+                by_task.setdefault(task.index, []).append((task, record.as_measure_candidate()))
+            except Exception as exc:  # a trace that does not replay on this target: skip it
+                log.info("warm start: a record of %s does not replay here: %s", task.name, exc)
+        batches = []
+        for pairs in by_task.values():
+            task, candidates = pairs[0][0], [c for _, c in pairs]
+            if self.req.task_budgets is not None:
+                candidates = candidates[:max(0, task.cap - task.measured)]  # within the task's own budget
+                if not candidates:
+                    continue
+            keys = [trace_key(c.sch.trace) for c in candidates]
+            self.warm_started[task.name] = len(candidates)
+            batches.append(_Batch(task, candidates, keys, list(range(len(candidates))), []))
+        return batches
+
+    def run(self) -> LoopOutcome:
+        started = time.perf_counter()
         stage = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-build")
         in_flight: collections.deque[_Batch] = collections.deque()
-        spent, idle_rounds, stopping = 0, 0, False
         try:
-            while True:
-                # Ctrl-C or the time budget spent: launch nothing more, collect what is in flight.
-                stopping = stopping or stop_requested() or self._out_of_time(started)
-                has_room = self.req.task_budgets is not None or self.req.config.trials - spent > sum(
-                    len(b.fresh) for b in in_flight)
-                task = None
-                if has_room and not stopping and len(in_flight) < self.depth:
-                    task = self.scheduler.next_task({b.task.index for b in in_flight})
-                if task is None:
-                    if not in_flight:
-                        break
-                    spent += self._join(in_flight.popleft())
-                    continue
-                batch = self._propose(task, self._limit(task, spent, in_flight))
-                if batch is None:
-                    continue
-                if not batch.fresh and batch.cached:
-                    # All candidates were known: no trial spent, but the search must hear back. When
-                    # every task keeps proposing known candidates the space is exhausted: stop
-                    # launching, still collect the batches in flight.
-                    self._join(batch)
-                    idle_rounds += 1
-                    stopping = stopping or idle_rounds > 4 * len(self.tasks)
-                    continue
-                idle_rounds = 0
-                batch.staged = stage.submit(self._build_and_submit, batch)
-                in_flight.append(batch)
+            spent = self._before_search(stage)
+            self._loop(stage, in_flight, started, spent)
         finally:
             stage.shutdown(wait=not in_flight, cancel_futures=True)
+            if self.updater is not None:
+                self.updater.shutdown(wait=True)  # the saved model has every update
         for task in self.tasks:
             task.ctx.post_tuning()
             if not stop_requested():
                 self.scheduler.release_unused(task)  # e.g. the search kept proposing known candidates
         return self._outcome(time.perf_counter() - started)
+
+    def _loop(self, stage, in_flight, started: float, spent: int) -> None:
+        idle_rounds, stopping = 0, False
+        while True:
+            # Ctrl-C or the time budget spent: launch nothing more, collect what is in flight.
+            stopping = stopping or stop_requested() or self._out_of_time(started)
+            has_room = self.req.task_budgets is not None or self.req.config.trials - spent > sum(
+                len(b.fresh) for b in in_flight)
+            task = None
+            if has_room and not stopping and len(in_flight) < self.depth:
+                task = self.scheduler.next_task({b.task.index for b in in_flight})
+            if task is None:
+                if not in_flight:
+                    return
+                spent += self._join(in_flight.popleft())
+                continue
+            batch = self._propose(task, self._limit(task, spent, in_flight))
+            if batch is None:
+                continue
+            if not batch.fresh and batch.cached:
+                # All candidates were known: no trial spent, but the search must hear back. When
+                # every task keeps proposing known candidates the space is exhausted: stop
+                # launching, still collect the batches in flight.
+                self._join(batch)
+                idle_rounds += 1
+                stopping = stopping or idle_rounds > 4 * len(self.tasks)
+                continue
+            idle_rounds = 0
+            batch.staged = stage.submit(self._build_and_submit, batch)
+            in_flight.append(batch)
 
     def _outcome(self, wall: float) -> LoopOutcome:
         per_task = self.req.task_budgets is not None
@@ -381,6 +447,7 @@ class SearchLoop:
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
                  "negligible": t.negligible, "tensorized_trials": t.tensorized_trials,
                  "best_tensorized": t.best_tensorized,
+                 **({"warm_started": self.warm_started[t.name]} if t.name in self.warm_started else {}),
                  **({"budget": t.budget, "extra": t.extra, "exhausted": t.exhausted, **self.req.tag}
                     if per_task else {})}
                 for t in self.tasks]

@@ -23,14 +23,23 @@ on a thread that has no server while another thread has one (with `release_idle_
 fleets shared by several clients, a thread takes a candidate first and returns the server to the
 tracker when no candidate is waiting). Servers registered with the tracker but held by another
 client are busy, not gone.
+
+Measurements on one device take turns (shares/measure_lock.py): from upload to result a candidate
+holds its device's lock, shared with every runner of this machine (other threads, clients, Ray
+actors, tunekit processes). `measure_lock`: "auto" (GPU candidates only: servers on one GPU share
+its memory bandwidth and L2, while CPU shares have disjoint cores), True or False. A candidate's
+timeout starts once it holds the lock; the time spent waiting is `lock_wait_s` (per candidate in
+`timings`, in total in `measure_lock_stats()`).
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import struct
 import threading
@@ -63,6 +72,9 @@ class RunTiming:
     run_s: float = 0.0    # argument allocation + time evaluator
     ok: bool = False
     server: int = -1
+    lock_wait_s: float = 0.0   # waiting for the device's measurement lock (not part of load_s or run_s)
+    started_at: float = 0.0    # time.monotonic() when its measurement began (lock held) ...
+    finished_at: float = 0.0   # ... and ended
 
 
 @dataclass
@@ -85,6 +97,11 @@ class RunnerConfig:
     release_idle_sessions: bool = False
     # Shared secret the warm servers demand (see servers/warm_server.py); never logged.
     secret: bytes | None = field(default=None, repr=False)
+    # One measurement at a time per device (module docstring): "auto" = GPU candidates only, True, False.
+    measure_lock: bool | str = "auto"
+    # The device the servers measure on, for the lock ("gpu1", "cpu"); None: a GPU named by the fleet's
+    # key (a Ray fleet's ends in -gpu<index>), else this process's first visible GPU, or "cpu".
+    lock_device: str | None = None
 
 
 @derived_object
@@ -146,6 +163,11 @@ class SessionRunner(PyRunner):
         self.retried = 0               # candidates measured again after their server died
         self.retry_survived = 0        # ... and measured fine the second time
         self.failed_after_retry = 0    # ... and whose second server died too: recorded failed
+        self.lock_wait_s = 0.0         # summed over candidates: waiting for the device's measurement lock
+        self.locked_measurements = 0   # candidates measured holding the lock
+        self._lock_devices: dict[str, str | None] = {}  # device type -> lock device (None: no lock)
+        if config.measure_lock not in (True, False, "auto"):
+            raise ValueError(f"measure_lock must be true, false or auto, not {config.measure_lock!r}")
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"tunekit-session-{i}")
                          for i in range(max(1, config.sessions))]
         for thread in self._threads:
@@ -180,6 +202,39 @@ class SessionRunner(PyRunner):
         return {"hung_candidates": self.hangs, "session_failures": self.session_failures,
                 "sessions_lost_to_server_deaths": self.server_losses, "retried_candidates": self.retried,
                 "retried_and_measured": self.retry_survived, "failed_after_retry": self.failed_after_retry}
+
+    def measure_lock_stats(self) -> dict:
+        """What the measurement lock cost (report phases): seconds waited, candidates measured under it."""
+        with self._cond:
+            return {"lock_wait_s": round(self.lock_wait_s, 3), "locked_measurements": self.locked_measurements}
+
+    def _lock_device(self, device_type) -> str | None:
+        """The device whose measurement lock a candidate of `device_type` takes, or None for no lock."""
+        device_type = str(device_type)
+        if device_type not in self._lock_devices:
+            from ..shares.ledger import gpu_device
+
+            setting, on_gpu = self.config.measure_lock, device_type != "cpu"
+            if setting is False or (setting == "auto" and not on_gpu):
+                device = None
+            elif self.config.lock_device:
+                device = self.config.lock_device
+            elif not on_gpu:
+                device = "cpu"
+            else:
+                # A Ray GPU fleet's key is tunekit-<share>-<node>-gpu<physical index> (coordinator/
+                # fleet_actor.py); the one-process fleet's (tunekit-<share>) servers use this process's GPU.
+                named = re.search(r"-[^-]+-gpu(\d+)$", self.config.key)
+                device = gpu_device(int(named.group(1)) if named else None)
+            self._lock_devices[device_type] = device
+        return self._lock_devices[device_type]
+
+    def _device_turn(self, runner_input):
+        """The device's measurement lock for this candidate (a context yielding the wait), or no lock."""
+        from ..shares.measure_lock import measuring
+
+        device = self._lock_device(runner_input.device_type)
+        return measuring(device) if device is not None else contextlib.nullcontext(0.0)
 
     # ---- queue ----
     def _drain(self, message: str) -> None:
@@ -367,9 +422,20 @@ class SessionRunner(PyRunner):
     def _measure_job(self, index: int, job: "_Job", session, port, random_fill) -> bool:
         """Measure one candidate (or fail or requeue it). Returns whether the session is still usable."""
         job.timing.server = index
-        self._busy[index] = (time.monotonic(), port, job)
         try:
-            costs = self._measure(session, random_fill, job)
+            with self._device_turn(job.runner_input) as waited:
+                job.timing.lock_wait_s = waited
+                if self._lock_device(job.runner_input.device_type) is not None:
+                    with self._cond:
+                        self.lock_wait_s += waited
+                        self.locked_measurements += 1
+                # The candidate's timeout starts now: waiting for another server's measurement is not a hang.
+                self._busy[index] = (time.monotonic(), port, job)
+                job.timing.started_at = time.monotonic()
+                try:
+                    costs = self._measure(session, random_fill, job)
+                finally:
+                    job.timing.finished_at = time.monotonic()
         except Exception as exc:
             message = " ".join(str(exc).strip().splitlines()[-3:])[:500]
             answers = not job.hung and self._session_answers(session)

@@ -20,7 +20,8 @@ def stock_runner_kind(device_kind: str, config) -> str:
 class StockEngine:
     name = "stock"
 
-    def tune(self, *, tasks, target, database, work_dir, measurement, config, progress) -> TuningOutcome:
+    def tune(self, *, tasks, target, database, work_dir, measurement, config, progress,
+             records_dir: str | None = None) -> TuningOutcome:
         from tvm.s_tir import meta_schedule as ms
 
         from .intrinsics import prepare_metaschedule_logging

@@ -48,7 +48,8 @@ def _runner_for(measurement: Measurement, config: TuneConfig):
                                           min_repeat_ms=config.min_repeat_ms,
                                           servers_gone_timeout_s=config.servers_gone_timeout_s,
                                           label=measurement.label or fleet.key.removeprefix("tunekit-"),
-                                          release_idle_sessions=measurement.shared, secret=measurement.secret),
+                                          release_idle_sessions=measurement.shared, secret=measurement.secret,
+                                          measure_lock=config.measure_lock),
                              on_hang=fleet.on_hang)
                for fleet in measurement.fleets]
     return runners[0] if len(runners) == 1 else FanoutRunner(runners)
@@ -80,18 +81,37 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
 class TunekitEngine:
     name = "tunekit"
 
-    def tune(self, *, tasks, target, database, work_dir, measurement, config, progress) -> TuningOutcome:
+    def tune(self, *, tasks, target, database, work_dir, measurement, config, progress,
+             records_dir: str | None = None) -> TuningOutcome:
+        """`records_dir`: the share's database dir, where the cost model is kept (clients.cost_model_store)."""
         from ..interrupts import cooperative
+        from . import cost_model_store, warm_start
         from .search_loop import SearchRequest
 
+        sources = warm_start.open_sources(config.warm_start)
         engine = make_engine(target=target, measurement=measurement, config=config, work_dir=work_dir)
         try:
+            # Its own saved model first (a resumed run), else a warm start's.
+            mine = [cost_model_store.model_path(records_dir)] if records_dir and config.resume else []
+            found = [cost_model_store.model_path(d) for d in _record_dirs(config.warm_start)]
+            model = cost_model_store.load_into(engine.cost_model, candidates=mine + found)
             with cooperative(), process_on(engine.cores):
                 loop = engine.search(SearchRequest(extracted_tasks=tasks, target=target, database=database,
                                                    config=config, work_dir=work_dir, progress=progress,
-                                                   measure_untuned=config.measure_untuned_tasks))
+                                                   measure_untuned=config.measure_untuned_tasks,
+                                                   warm_start=sources))
+            model["saved_to"] = cost_model_store.save(engine.cost_model, records_dir)
         finally:
             engine.shutdown()
+        warm = {"sources": config.warm_start, "candidates_measured_again":
+                sum(t.get("warm_started", 0) for t in loop.tasks)} if config.warm_start else None
         return TuningOutcome(loop.trials_done, loop.trials_failed, loop.wall_s, loop.tasks, engine=self.name,
                              trials_cached=loop.trials_cached, phases={**loop.phases, **engine.describe()},
-                             session_failures=loop.session_failures, faults=engine.runner.fault_counts())
+                             session_failures=loop.session_failures, faults=engine.runner.fault_counts(),
+                             extra={"cost_model": model, **({"warm_start": warm} if warm else {})})
+
+
+def _record_dirs(dirs: list[str]) -> list[str]:
+    from ..records.database import find_share_databases
+
+    return [path for directory in dirs for path in find_share_databases(directory).values()]

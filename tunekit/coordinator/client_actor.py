@@ -42,8 +42,10 @@ def _fleet_addresses(fleets: list[dict]) -> list:
 
 class TuningClientImpl:
     def __init__(self, *, client_id: int, share_label: str, target: dict, config: dict, work_dir: str,
-                 shard_dir: str, known_dir: str | None, fleets: list[dict], build_workers: int,
+                 shard_dir: str, known_dir: str | None, fleets: list[dict], build_workers: int | None = None,
                  build_cores: list[int] | None = None, shared_servers: bool = True, rpc_secret: bytes | None = None):
+        """`build_workers` None: this node's cores until the executor calls size() (it knows how many
+        clients landed on this node only once they all did)."""
         self.client_id = client_id
         self.rpc_secret = rpc_secret  # what the fleets' servers demand (a file path may not exist on this node)
         self.share_label = share_label
@@ -53,16 +55,31 @@ class TuningClientImpl:
         self.shard_dir = shard_dir
         self.known_dir = known_dir
         self.fleets = fleets  # [{"host", "port", "key", "sessions", "actor"}]
-        self.build_workers = max(1, build_workers)
         self.build_cores = build_cores or sorted(os.sched_getaffinity(0))
         self.shared = shared_servers  # other clients measure on the same servers
+        self.engine = None
+        self.size(build_workers or len(self.build_cores))
+
+    def size(self, build_workers: int) -> None:
+        """Build workers (and search threads) of this client; before its first tune() call."""
+        if self.engine is not None:
+            log.warning("client %d: build workers already started; size(%d) ignored", self.client_id, build_workers)
+            return
+        self.build_workers = max(1, build_workers)
         # Ray sets OMP_NUM_THREADS=1 in an actor that asks for <= 1 CPU, and TVM's thread pool falls
         # back to OMP_NUM_THREADS: the evolutionary search then ran on one thread (seen on the H100:
         # 0.24 trials/s against 0.72 in one process). Give the search this client's cores.
         threads = str(self.build_workers)
         os.environ["TVM_NUM_THREADS"] = threads
         os.environ["OMP_NUM_THREADS"] = threads
-        self.engine = None
+
+    def where(self, run_dir: str) -> dict:
+        """The node this client runs on, the cores it may use (the report's `ran_on`) and whether it
+        sees `run_dir`, which the coordinator made on its own machine for this run's shards."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "cores": len(os.sched_getaffinity(0)), "pid": os.getpid(), "sees_out": os.path.isdir(run_dir)}
 
     def _setup(self) -> None:
         if self.engine is not None:
@@ -90,6 +107,7 @@ class TuningClientImpl:
         """Tune `tasks` (name, mod JSON, weight) within `budgets`; unused trials go to `pool`."""
         import dataclasses
 
+        from ..clients import warm_start
         from ..clients.search_loop import SearchRequest
         from .budget import RemotePool
 
@@ -100,7 +118,7 @@ class TuningClientImpl:
             config=self.config, work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"),
             measure_untuned=measure_untuned, task_budgets=budgets, pool=RemotePool(pool) if pool is not None else None,
             known_database=self.known, count_existing=resume_counts, improving_only=improving_only,
-            tag={"client": self.client_id}))
+            tag={"client": self.client_id}, warm_start=warm_start.open_sources(self.config.warm_start)))
         result = dataclasses.asdict(outcome)
         result["hung_candidates"] = self.engine.runner.hangs
         result["runner_faults"] = self.engine.runner.fault_counts()

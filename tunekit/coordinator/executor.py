@@ -2,7 +2,8 @@
 
   shares ──group_shares──> groups that fit on the device together (sum of pct x servers <= 100)
   per group:  fleets (Ray actors on the device's node: GPU at the MPS share / disjoint core sets)
-              per share: tasks ──allocate_trials──> budgets ──shard_tasks──> clients (Ray actors)
+              per share: tasks ──allocate_trials──> budgets ──shard_tasks──> clients (Ray actors on
+              the nodes --client-nodes allows, each sized by its node's cores over the clients there)
               clients tune their shards, measuring on all of the share's servers; unused trials
               go through the share's pool to tasks that still improve; a client that dies is
               started again on its shard (its records are kept and count against its budgets)
@@ -12,6 +13,7 @@ Everything before and after tuning (untuned and tuned latency, compile, report) 
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -32,6 +34,10 @@ from .outcomes import coordinator_section, fold_extra, sum_phases
 
 log = logging.getLogger("tunekit.coordinator")
 
+# A client that has not started after this long (its node has no room for it: Ray's CPUs are booked,
+# or the node went away) stops the run instead of waiting for ever.
+CLIENT_START_TIMEOUT_S = 300.0
+
 
 @dataclass
 class _ShareRun:
@@ -49,6 +55,7 @@ class _ShareRun:
     server_restarts: int = 0
     fleet_faults: dict = field(default_factory=dict)
     lost_fleets: set = field(default_factory=set)    # fleet actors found dead (their node was lost)
+    placements: dict = field(default_factory=dict)   # shard index -> where each start of its client ran
     started: float = 0.0
     wall_s: float = 0.0
 
@@ -97,6 +104,8 @@ class RayExecutor:
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.mps_actors: dict[str, object] = {}
         self.cluster = None
+        self._client_node_of: dict[tuple, str] = {}  # (share, shard) -> node of its latest client
+        self._total_clients = 1
 
     # ---------------------------------------------------------------- the executor protocol
     @contextlib.contextmanager
@@ -131,6 +140,7 @@ class RayExecutor:
             raise TunekitError("tune GPU shares and CPU shares in separate runs")
         if len({job.label for job in jobs}) != len(jobs):
             raise TunekitError("a share is listed twice")
+        self._check_placement(next(iter(kinds)))
         by_label = {job.label: job for job in jobs}
         groups = planning.group_shares([job.share for job in jobs], servers=self.config.servers,
                                        oversubscribe=self.coord.oversubscribe)
@@ -145,8 +155,10 @@ class RayExecutor:
             env = self._mps_env(ray, ray.get_runtime_context().get_node_id())
             os.environ.update({k: v for k, v in env.items() if v})
         with contextlib.ExitStack() as stack:
-            yield {job.label: stack.enter_context(ShareSession(job.share,
-                                                               allow_unenforced=self.config.allow_unenforced_share))
+            # Books the group's shares on the driver's device (the machine's ledger); fleets on other
+            # GPUs or nodes are not booked there.
+            yield {job.label: stack.enter_context(ShareSession.for_tuning(job.share, self.config,
+                                                                          oversubscribe=self.coord.oversubscribe))
                    for job in group}
 
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
@@ -171,7 +183,7 @@ class RayExecutor:
 
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if kind == "cpu":
-            return [(n["NodeID"], None) for n in nodes]
+            return [(n["NodeID"], None) for n in planning.cpu_fleet_nodes(nodes, self.coord.client_nodes)]
         pairs = []
         here = ray.get_runtime_context().get_node_id()
         for node in nodes:
@@ -189,6 +201,24 @@ class RayExecutor:
         if not pairs:
             raise TunekitError("no GPU node in the Ray cluster (use --cpu-pct, or add a node with GPUs)")
         return pairs
+
+    def _check_placement(self, kind: str) -> None:
+        """Before any work: --client-nodes names nodes that exist, and a CPU share keeps a node for
+        its fleets (nodes that advertise the client resource host none)."""
+        import ray
+
+        setting = self.coord.client_nodes
+        nodes = ray.nodes()
+        if not planning.client_nodes(nodes, setting):
+            if setting == planning.CPU_ONLY:
+                raise TunekitError("--client-nodes cpu-only: every node of the Ray cluster has GPUs; add a node "
+                                   "without (ray start --address ADDR --num-gpus 0) or use --client-nodes any")
+            raise TunekitError(f"--client-nodes {setting}: no node of the Ray cluster advertises the resource "
+                               f"{setting}; start client nodes with ray start --address ADDR --resources "
+                               f"'{{\"{setting}\": 1}}'")
+        if kind == "cpu" and not planning.cpu_fleet_nodes(nodes, setting):
+            raise TunekitError(f"--client-nodes {setting}: every node advertises {setting}, so none is left for "
+                               "the CPU share's runner servers (client nodes host no fleets); add a node without it")
 
     def _mps_env(self, ray, node_id: str) -> dict:
         from .fleet_actor import actor_classes, node_affinity
@@ -266,18 +296,80 @@ class RayExecutor:
                 ray.kill(fleet)
 
     # ---------------------------------------------------------------- clients
-    def _start_client(self, run: _ShareRun, shard: int, total_clients: int):
+    def _start_clients(self, ray, starts: list[tuple[_ShareRun, int]], attempt: int = 1) -> None:
+        """A client for each (share, shard) on a node that --client-nodes allows; each one's build
+        workers are then sized from the node it landed on: its cores over the clients there."""
         from .client_actor import client_class
 
-        cpus = max(len(os.sched_getaffinity(0)), 1)
-        actor = client_class(num_cpus=min(1.0, cpus / total_clients)).options(
-            scheduling_strategy="SPREAD", max_restarts=0).remote(
-            client_id=shard, share_label=run.label, target=run.job.target.export(),
-            config=dataclasses.asdict(self.config), work_dir=os.path.join(run.job.work_dir, run.label),
-            shard_dir=self._shard_dir(run, shard), known_dir=run.job.db_dir if os.path.isdir(run.job.db_dir) else None,
-            fleets=self._live_addresses(run), build_workers=max(1, cpus // total_clients), rpc_secret=self.rpc_secret)
-        run.clients[shard] = actor
-        return actor
+        for (run, shard), (strategy, num_cpus) in zip(starts, self._client_targets(ray, starts)):
+            os.makedirs(os.path.dirname(self._shard_dir(run, shard)), exist_ok=True)
+            run.clients[shard] = client_class(num_cpus=num_cpus).options(
+                scheduling_strategy=strategy, max_restarts=0).remote(
+                client_id=shard, share_label=run.label, target=run.job.target.export(),
+                config=dataclasses.asdict(self.config), work_dir=os.path.join(run.job.work_dir, run.label),
+                shard_dir=self._shard_dir(run, shard),
+                known_dir=run.job.db_dir if os.path.isdir(run.job.db_dir) else None,
+                fleets=self._live_addresses(run), rpc_secret=self.rpc_secret)
+        unplaced = self._size_clients(ray, starts)
+        if unplaced and attempt >= 3:
+            raise RunFailed(f"no node took tuning client {unplaced[0][1]} of {unplaced[0][0].label} "
+                            f"(--client-nodes {self.coord.client_nodes}): its nodes went away")
+        if unplaced:
+            self._start_clients(ray, unplaced, attempt + 1)
+
+    def _client_targets(self, ray, starts: list[tuple[_ShareRun, int]]) -> list[tuple]:
+        """(scheduling strategy, CPUs Ray books) for each new client."""
+        if self.coord.client_nodes == planning.ANY_NODE:  # Ray spreads them, as before --client-nodes
+            cpus = max(len(os.sched_getaffinity(0)), 1)
+            return [("SPREAD", min(1.0, cpus / self._total_clients))] * len(starts)
+        from .fleet_actor import node_affinity
+
+        nodes = planning.client_nodes(ray.nodes(), self.coord.client_nodes)
+        if not nodes:  # checked before the run; they went away since
+            raise RunFailed(f"no Ray node left for the tuning clients (--client-nodes {self.coord.client_nodes})")
+        leaving = {(run.label, shard) for run, shard in starts}
+        busy = collections.Counter(n for key, n in self._client_node_of.items() if key not in leaving)
+        placed = planning.place_clients(nodes, len(starts), busy)
+        there = busy + collections.Counter(placed)
+        cpus = {n["NodeID"]: planning.node_cpus(n) for n in nodes}
+        # Hard affinity: a client must never fall back onto a GPU node or one without the resource.
+        return [(node_affinity(node), min(1.0, cpus[node] / there[node])) for node in placed]
+
+    def _size_clients(self, ray, starts: list[tuple[_ShareRun, int]]) -> list[tuple[_ShareRun, int]]:
+        """Ask each new client where it runs (the report's `ran_on`), then give it its node's cores
+        over the clients on that node. Its size() call runs before its first tune() call (one caller,
+        calls in order). Returns the clients that could not be placed (their node went away)."""
+        asked = [(run, shard, run.clients[shard].where.remote(os.path.dirname(self._shard_dir(run, shard))))
+                 for run, shard in starts]
+        cpus = {n["NodeID"]: planning.node_cpus(n) for n in ray.nodes()}
+        landed, unplaced = [], []
+        for run, shard, ref in asked:
+            try:
+                place = ray.get(ref, timeout=CLIENT_START_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise RunFailed(f"tuning client {shard} of {run.label} did not start in "
+                                f"{CLIENT_START_TIMEOUT_S:.0f} s: no node with room for it "
+                                f"(--client-nodes {self.coord.client_nodes})") from None
+            except ray.exceptions.ActorUnschedulableError:
+                unplaced.append((run, shard))  # its node was listed alive, then went: place it again
+                continue
+            except ray.exceptions.RayActorError:
+                continue  # died before it answered: its tune() call fails too and starts it again
+            if not place.pop("sees_out"):
+                # Its shard would be written on that machine's disk and never merged here.
+                raise TunekitError(f"tuning client {shard} runs on {place['ip']}, which does not see the out dir "
+                                   f"{run.job.work_dir}: clients write their shards there; put --out on a "
+                                   "filesystem every client node mounts")
+            place["node_cpus"] = cpus.get(place["node_id"], 0.0)
+            run.placements.setdefault(shard, []).append(place)
+            self._client_node_of[(run.label, shard)] = place["node_id"]
+            landed.append((run, shard, place))
+        on_node = collections.Counter(self._client_node_of.values())
+        for run, shard, place in landed:
+            place["build_workers"] = planning.build_workers_for(place["cores"], place["node_cpus"],
+                                                                on_node[place["node_id"]])
+            run.clients[shard].size.remote(place["build_workers"])
+        return unplaced
 
     def _shard_dir(self, run: _ShareRun, shard: int) -> str:
         return os.path.join(run.job.work_dir, "shards", run.label, self.run_id, f"client-{shard}")
@@ -295,16 +387,17 @@ class RayExecutor:
 
         pool_class = ray_pool_class()
         self._total_clients = sum(max(p.client for p in run.plans) + 1 for run in runs)
-        pending = {}  # ref -> (run, shard)
+        self._client_node_of = {}
         here = ray.get_runtime_context().get_node_id()
+        starts = []
         for run in runs:
             # The trial pool lives on the coordinator's node: placed on another node, losing that
             # node lost the pool and stopped the run (ActorUnavailableError; tests/test_faults_ray.py).
             run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(0)
             run.started = time.time()
-            for shard in sorted({p.client for p in run.plans if p.budget > 0}):
-                self._start_client(run, shard, self._total_clients)
-                pending[self._shard_call(run, shard, resume=False)] = (run, shard)
+            starts += [(run, shard) for shard in sorted({p.client for p in run.plans if p.budget > 0})]
+        self._start_clients(ray, starts)  # all at once: each is sized by the clients on its node
+        pending = {self._shard_call(run, shard, resume=False): (run, shard) for run, shard in starts}
         restarts: dict[tuple, int] = {}
         shown = 0
         while pending:
@@ -338,7 +431,7 @@ class RayExecutor:
                         _short(exc))
             run.client_restarts += 1
             self._drop_lost_fleets(ray, run)  # a client lost with its node may have taken a fleet along
-            self._start_client(run, shard, self._total_clients)
+            self._start_clients(ray, [(run, shard)])
             return True
         except ray.exceptions.RayTaskError as exc:
             log.debug("tuning client %d of %s failed:\n%s", shard, run.label, exc)
@@ -395,5 +488,5 @@ class RayExecutor:
             session_failures=sum(o["session_failures"] for o in outcomes), faults=faults,
             server_restarts=run.server_restarts,
             extra={"coordinator": coordinator_section(run, ray.get(run.pool.status.remote()), merged, self.run_id,
-                                                      self.config.servers)},
+                                                      self.config.servers, client_nodes=self.coord.client_nodes)},
             environment=self.cluster.describe())

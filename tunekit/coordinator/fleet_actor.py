@@ -5,9 +5,10 @@ One `ShareFleet` actor holds the servers of one share on one device (a GPU, or a
   and on that GPU only (CUDA_VISIBLE_DEVICES);
 - CPU: one RunnerFleet per server, each pinned to its own core set, so that servers of the same
   or of other shares never share a core.
-One `MPSNode` actor per GPU node owns that node's MPS daemon: every share on the node uses the
-same daemon (two daemons would fight over the GPU). Ray's resource requests only book the
-device; what limits a server physically is MPS (GPU) or its CPU affinity.
+One `MPSNode` actor per GPU node holds that node's MPS daemon: every share on the node uses the
+same daemon (two daemons would fight over the GPU), and so do other tunekit jobs there (the
+machine's ledger, shares/ledger.py: the daemon is stopped by the last job to leave). Ray's resource
+requests only book the device; what limits a server physically is MPS (GPU) or its CPU affinity.
 """
 from __future__ import annotations
 
@@ -77,18 +78,19 @@ class ShareFleetImpl:
 
 
 class MPSNodeImpl:
-    """The MPS daemon of one node, shared by all shares tuned there."""
+    """The MPS daemon of one node, shared by all shares tuned there and by the other tunekit jobs of
+    the node (shares.ledger.shared_mps): reused when one runs, stopped by the last job to leave."""
 
     def __init__(self):
-        from ..shares.mps import MPSDaemon
+        from ..shares.ledger import shared_mps
 
-        self.daemon = MPSDaemon().start()
+        self.daemon = shared_mps()
 
     def env(self) -> dict:
         return self.daemon.env()
 
     def stop(self) -> None:
-        self.daemon.stop()
+        self.daemon.release()
 
 
 def actor_classes():

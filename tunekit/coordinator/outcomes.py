@@ -36,16 +36,20 @@ def sum_phases(phase_dicts: list[dict], wall_s: float, trials: int) -> dict:
             "overhead_fraction": round(1 - work / client_seconds, 3) if wall_s else None}
 
 
-def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, servers: int) -> dict:
-    """report.json's "coordinator": clients, fleets, each shard's tasks, budget and cost, the pool."""
+def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, servers: int,
+                        client_nodes: str = "any") -> dict:
+    """report.json's "coordinator": clients and where they ran, fleets, each shard's tasks, budget
+    and cost, the pool. `ran_on` has one row per start of a shard's client (node id, IP, cores it
+    could use, Ray's CPUs of the node, build workers, pid): more than one when it was restarted."""
     plans = run.plans
-    return {"clients": len(run.outcomes), "servers_per_device": servers,
+    return {"clients": len(run.outcomes), "servers_per_device": servers, "client_nodes": client_nodes,
             "fleets": [{**{k: v for k, v in a.items() if k != "actor"},
                         "lost": a["actor"]._actor_id.hex() in run.lost_fleets} for a in run.addresses],
             "shards": [{"client": s, "tasks": [p.name for p in plans if p.client == s],
                         "budget": sum(p.budget for p in plans if p.client == s),
                         "estimated_cost": sum(p.cost for p in plans if p.client == s),
                         "trials": run.outcomes[s]["trials_done"],
-                        "hung_candidates": run.outcomes[s].get("hung_candidates", 0)}
+                        "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
+                        "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
             "pool": pool_status, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}

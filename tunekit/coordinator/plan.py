@@ -120,3 +120,59 @@ def cpu_slots(group: list[Share], *, servers: int, available: list[int] | None =
             slots[share.label].append([available[(cursor + i) % len(available)] for i in range(count)])
             cursor += count
     return slots, cursor > len(available)
+
+
+# ---------------------------------------------------------------- where tuning clients go
+# Tuning clients are CPU work (search, build); fleets are the device. `--client-nodes` says which Ray
+# nodes take clients: "any" (Ray's SPREAD, the default), "cpu-only" (nodes without GPUs) or nodes
+# that advertise a custom resource (`ray start --resources '{"tunekit_client": 1}'`). Nodes are
+# rows of `ray.nodes()`.
+ANY_NODE, CPU_ONLY = "any", "cpu-only"
+
+
+def _has(node: dict, resource: str) -> bool:
+    return node.get("Resources", {}).get(resource, 0) > 0
+
+
+def node_cpus(node: dict) -> float:
+    return float(node.get("Resources", {}).get("CPU", 0))
+
+
+def client_nodes(nodes: list[dict], setting: str) -> list[dict]:
+    """The alive nodes that may host tuning clients (every alive one for "any")."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if setting == ANY_NODE:
+        return alive
+    if setting == CPU_ONLY:
+        return [n for n in alive if not _has(n, "GPU")]
+    return [n for n in alive if _has(n, setting)]
+
+
+def cpu_fleet_nodes(nodes: list[dict], setting: str) -> list[dict]:
+    """The nodes a CPU share's fleets go on: every alive node except those that advertise the
+    client resource. A client node's cores are for building; measuring there would share them."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if setting in (ANY_NODE, CPU_ONLY):
+        return alive
+    return [n for n in alive if not _has(n, setting)]
+
+
+def place_clients(nodes: list[dict], count: int, busy: dict | None = None) -> list[str]:
+    """A node id for each of `count` new clients: each goes to the node with the fewest clients
+    per CPU so far (`busy`: node id -> clients already there), ties to the earlier node."""
+    if not nodes:
+        raise TunekitError("no node to place tuning clients on")
+    load = {n["NodeID"]: (busy or {}).get(n["NodeID"], 0) for n in nodes}
+    placed = []
+    for _ in range(count):
+        best = min(nodes, key=lambda n: (load[n["NodeID"]] + 1) / max(node_cpus(n), 1.0))
+        load[best["NodeID"]] += 1
+        placed.append(best["NodeID"])
+    return placed
+
+
+def build_workers_for(cores: int, node_cpu: float, clients_on_node: int) -> int:
+    """Build workers of one client: the cores of its node (Ray's CPU count for it, when smaller than
+    the cores the client may run on) split over the clients on that node."""
+    usable = min(cores, int(node_cpu)) if node_cpu >= 1 else cores
+    return max(1, usable // max(1, clients_on_node))

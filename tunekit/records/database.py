@@ -67,11 +67,19 @@ def repair_truncated_tail(path: str) -> int:
 _REPAIRED: dict[str, int] = {}  # database dir -> bytes moved aside when it was last opened
 
 
-def open_database(path: str, *, create: bool = True):
+def open_database(path: str, *, create: bool = True, read_only: bool = False):
+    """A share's JSONDatabase. `read_only` (another run's records, e.g. a warm start's source): a
+    cut-off last line is not repaired in place, and a database TVM cannot read is one clear error."""
     from tvm.s_tir import meta_schedule as ms
 
-    if not create and not os.path.isfile(os.path.join(path, RECORDS)):
+    if (not create or read_only) and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
+    if read_only:
+        try:
+            return ms.database.JSONDatabase(work_dir=path, module_equality="structural", allow_missing=False)
+        except Exception as exc:
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise TunekitError(f"cannot read the records in {path}: {text[:200]}") from None
     os.makedirs(path, exist_ok=True)
     _REPAIRED[os.path.abspath(path)] = sum(repair_truncated_tail(os.path.join(path, name))
                                            for name in (WORKLOADS, RECORDS))

@@ -31,9 +31,7 @@ class LocalExecutor:
     @contextlib.contextmanager
     def group_sessions(self, group: list[ShareJob]):
         with contextlib.ExitStack() as stack:
-            yield {job.label: stack.enter_context(ShareSession(job.share,
-                                                               allow_unenforced=self.config.allow_unenforced_share))
-                   for job in group}
+            yield {job.label: stack.enter_context(ShareSession.for_tuning(job.share, self.config)) for job in group}
 
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         from ..records.database import open_database
@@ -53,7 +51,7 @@ class LocalExecutor:
                     share_env=session.pinned.env, secret=self.rpc_secret)
                 outcome = self.engine.tune(tasks=job.tasks, target=job.target, database=database,
                                            work_dir=job.work_dir, measurement=measurement, config=self.config,
-                                           progress=progress)
+                                           progress=progress, records_dir=job.db_dir)
                 outcome.server_restarts = fleet.restarts
                 outcome.faults = {**fleet.fault_counts(), **outcome.faults}
             outcomes[job.label] = outcome

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -46,6 +47,7 @@ class Pipeline:
         self.show_progress = show_progress
         self.share_choice = share_choice
         self.started = time.time()
+        self.steps: dict[str, float] = {}
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -101,36 +103,65 @@ class Pipeline:
         return numerics.Bound(max_rel_err=self.config.max_output_error, min_cosine=bound.min_cosine)
 
     # ---------------------------------------------------------------- the run
+    @contextlib.contextmanager
+    def _step(self, name: str):
+        """Time a step of the command (report: `command_s`, where the time outside tuning goes)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.steps[name] = round(self.steps.get(name, 0.0) + time.perf_counter() - started, 3)
+
+    def _load(self):
+        from ..records.database import find_share_databases
+
+        with self._step("load_s"):
+            loaded = load_model(self.model, self.config.input_shapes, example_inputs=self.example_inputs)
+            check_out_dir(self.out)
+            for source in self.config.warm_start:  # a typo fails now, not after the untuned build
+                find_share_databases(source)
+            self.sample = loaded.inputs.random(seed=self.config.seed)
+            self.reference = loaded.reference(self.sample)
+            self.output_names = loaded.output_names
+        with self._step("prepare_s"):
+            jobs = self._jobs(loaded)
+        return loaded, jobs
+
     def run(self) -> list[TuneResult]:
-        from ..clients.progress import ProgressBar
         from ..records.identity import out_dir_lock
 
-        loaded = load_model(self.model, self.config.input_shapes, example_inputs=self.example_inputs)
-        check_out_dir(self.out)
-        self.sample = loaded.inputs.random(seed=self.config.seed)
-        self.reference = loaded.reference(self.sample)
-        self.output_names = loaded.output_names
-        jobs = self._jobs(loaded)
+        loaded, jobs = self._load()
         results = []
-        with out_dir_lock(self.out), self.executor.connect():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(out_dir_lock(self.out))
+            with self._step("connect_s"):
+                stack.enter_context(self.executor.connect())
             for job in jobs:
                 self._check_identity(job, loaded)  # checked before any work: records never appended by accident
                 self.executor.recover(job)
             for group in self.executor.groups(jobs):
-                with self.executor.group_sessions(group) as sessions:
-                    untuned = {job.label: self._measure(job, sessions[job.label], path=self._untuned_path(job),
-                                                        database=None, what=f"the untuned {job.precision} model")
-                               for job in group}
-                    progress = ProgressBar(total=self.config.trials * len(group), show=self.show_progress)
-                    try:
-                        outcomes = self.executor.tune(group, sessions, progress)
-                    finally:
-                        progress.close()
-                    for job in group:
-                        results.append(self._finish(job, loaded, outcomes[job.label], sessions[job.label],
-                                                    untuned[job.label]))
+                results += self._tune_group(group, loaded)
         order = [s.label for s in self.shares]  # as the user listed them, whatever ran first
         return sorted(results, key=lambda r: order.index(r.share))
+
+    def _tune_group(self, group: list[ShareJob], loaded: LoadedModel) -> list[TuneResult]:
+        from ..clients.progress import ProgressBar
+
+        with contextlib.ExitStack() as stack:
+            with self._step("session_s"):
+                sessions = stack.enter_context(self.executor.group_sessions(group))
+            with self._step("untuned_s"):
+                untuned = {job.label: self._measure(job, sessions[job.label], path=self._untuned_path(job),
+                                                    database=None, what=f"the untuned {job.precision} model")
+                           for job in group}
+            progress = ProgressBar(total=self.config.trials * len(group), show=self.show_progress)
+            try:
+                with self._step("tune_s"):
+                    outcomes = self.executor.tune(group, sessions, progress)
+            finally:
+                progress.close()
+            return [self._finish(job, loaded, outcomes[job.label], sessions[job.label], untuned[job.label])
+                    for job in group]
 
     # ---------------------------------------------------------------- after tuning
     def _untuned_path(self, job: ShareJob) -> str:
@@ -154,6 +185,7 @@ class Pipeline:
         from ..clients.compiler import uses_cuda_graphs
         from ..records.database import count_trials, repaired_bytes
 
+        finish_started = time.perf_counter()
         artifact = os.path.join(self.out, f"{loaded.name}-{job.label}.so")
         records = self._records_to_apply(job, outcome)
         tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
@@ -178,6 +210,8 @@ class Pipeline:
         report.update(extra)
         self._describe(loaded, job, untuned.path, share_label=None, trials=0, db_dir=None)
         self._describe(loaded, job, artifact, share_label=job.label, trials=count_trials(job.db_dir), db_dir=job.db_dir)
+        report["command_s"] = {**self.steps, "tuning_wall_s": round(outcome.wall_s, 3),
+                               "finish_s": round(time.perf_counter() - finish_started, 3)}
         name = "report.json" if len(self.shares) == 1 else f"report-{job.label}.json"
         path = write_report(report, self.out, name=name)
         return TuneResult(share=job.label, out_dir=self.out, records_dir=job.db_dir, artifact=artifact,

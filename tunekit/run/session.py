@@ -5,6 +5,7 @@ Used by the pipeline, both executors, `profile`, `evaluate` and the SLO walk: on
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -94,27 +95,54 @@ def device_name(share: Share) -> str:
 
 
 class ShareSession:
-    """Everything that exists while we work at one share: the MPS daemon (GPU; reused when the
-    environment already names one), and the pinned environment every measuring process gets."""
+    """Everything that exists while we work at one share: its booking in the machine's ledger
+    (shares.ledger: pct x servers of the device, refused past 100% unless `oversubscribe`, after
+    waiting up to `wait_s` for other jobs), the MPS daemon tunekit jobs share (GPU; a daemon the
+    environment names is used as is), and the pinned environment every measuring process gets (on
+    a CPU, the cores the ledger set aside, away from other jobs' cores)."""
 
-    def __init__(self, share: Share, *, allow_unenforced: bool):
+    def __init__(self, share: Share, *, allow_unenforced: bool, servers: int = 1, oversubscribe: bool = False,
+                 wait_s: float = 0.0):
         self.share = share
         self.allow_unenforced = allow_unenforced
+        self.servers, self.oversubscribe, self.wait_s = servers, oversubscribe, wait_s
         self.mps = None
+        self.booking = None
         self.sm_count = None
         self.enforced = True
         self.pinned = None
+        self._stack = contextlib.ExitStack()
+
+    @classmethod
+    def for_tuning(cls, share: Share, config, *, oversubscribe: bool = False) -> "ShareSession":
+        """The session of a tuning run (a TuneConfig): its servers, --oversubscribe, --wait-for-share."""
+        return cls(share, allow_unenforced=config.allow_unenforced_share, servers=config.servers,
+                   oversubscribe=config.oversubscribe or oversubscribe, wait_s=config.share_wait_s)
 
     def __enter__(self) -> "ShareSession":
+        try:
+            self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _open(self) -> None:
+        from ..shares import ledger
         from ..shares.pinning import pinned_env
 
+        device = "cpu" if self.share.kind == "cpu" else ledger.gpu_device()
+        self.booking = self._stack.enter_context(ledger.book(
+            device, self.share.pct * self.servers, servers=self.servers, oversubscribe=self.oversubscribe,
+            wait_s=self.wait_s, cores=len(self.share.cpu_cores()) if self.share.kind == "cpu" else None))
         if self.share.kind == "cpu":
-            self.pinned = pinned_env(self.share)
-            return self
-        from ..shares.mps import MPSDaemon, sm_count_at_share
+            self.pinned = pinned_env(self.share, cores=self.booking.cores)
+            return
+        from ..shares.mps import sm_count_at_share
 
         try:
-            self.mps = MPSDaemon().start()
+            self.mps = self._stack.enter_context(ledger.shared_mps())
+            self.booking.note(mps_pipe_dir=self.mps.pipe_dir)
             self.pinned = pinned_env(self.share, mps_env=self.mps.env())
             self.sm_count = sm_count_at_share(self.share, self.pinned.env)
         except TunekitError:
@@ -123,11 +151,9 @@ class ShareSession:
             log.warning("UNENFORCED SHARE: MPS is not usable; measuring on the whole GPU")
             self.enforced = False
             self.pinned = pinned_env(self.share, enforced=False)
-        return self
 
     def __exit__(self, *exc) -> None:
-        if self.mps is not None:
-            self.mps.stop()
+        self._stack.close()  # the daemon (stopped if no other job uses it), then the booking
 
     def environment(self) -> dict:
         """What report.json records about where the measurements ran."""
@@ -139,7 +165,8 @@ class ShareSession:
                "cpu_count": os.cpu_count(), "share": self.share.label, "share_enforced": self.enforced}
         if self.share.kind == "gpu":
             env.update({"gpu_name": gpu_name(), "sm_count_at_share": self.sm_count,
-                        "mps_pipe_dir_private": bool(self.mps and self.mps.started_by_us)})
+                        "mps_pipe_dir_private": bool(self.mps and self.mps.user_id is not None),
+                        "mps_daemon_started_here": bool(self.mps and self.mps.started_by_us)})
         else:
             env["cores_at_share"] = self.pinned.cores
         return env

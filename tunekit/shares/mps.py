@@ -60,40 +60,83 @@ def gpu_name(index: int = 0) -> str | None:
         return None
 
 
-class MPSDaemon:
-    """Context manager: an MPS control daemon for the run (reused if the caller already has one)."""
+MPS_CONTROL = "nvidia-cuda-mps-control"
 
-    def __init__(self, *, pipe_dir: str | None = None):
+
+def require_mps_control() -> None:
+    if shutil.which(MPS_CONTROL) is None:
+        raise TunekitError("CUDA MPS is not available (nvidia-cuda-mps-control not found); "
+                           "use --allow-unenforced-share to tune without enforcing the share")
+
+
+def _control_env(pipe_dir: str, log_dir: str | None) -> dict[str, str]:
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir}
+    if log_dir:
+        env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+    return env
+
+
+class MPSDaemon:
+    """Context manager: an MPS control daemon for the run (reused if the caller already has one).
+    Several tunekit jobs share one through shares.ledger.shared_mps, which uses launch/answers/quit."""
+
+    def __init__(self, *, pipe_dir: str | None = None, log_dir: str | None = None):
         self.pipe_dir = pipe_dir or os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
-        self.log_dir = os.environ.get("CUDA_MPS_LOG_DIRECTORY")
+        self.log_dir = log_dir or os.environ.get("CUDA_MPS_LOG_DIRECTORY")
         self.started_by_us = False
 
     def env(self) -> dict[str, str]:
         return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
 
     def start(self) -> "MPSDaemon":
-        if shutil.which("nvidia-cuda-mps-control") is None:
-            raise TunekitError("CUDA MPS is not available (nvidia-cuda-mps-control not found); "
-                               "use --allow-unenforced-share to tune without enforcing the share")
+        require_mps_control()
         if self.pipe_dir and os.path.exists(os.path.join(self.pipe_dir, "control")):
             return self  # the caller's daemon: reuse, never stop it
+        return self.launch()
+
+    def launch(self) -> "MPSDaemon":
+        """A new daemon in a fresh private pipe/log dir (never one we did not make: see above)."""
+        require_mps_control()
         root = tempfile.mkdtemp(prefix="tunekit-mps-")
         self.pipe_dir, self.log_dir = os.path.join(root, "pipe"), os.path.join(root, "log")
         os.makedirs(self.pipe_dir)
         os.makedirs(self.log_dir)
-        proc = subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**os.environ, **self.env()},
-                              capture_output=True, text=True, timeout=30)
+        # The daemon sees every GPU: a client's CUDA_VISIBLE_DEVICES is read relative to the daemon's
+        # devices, so with all of them visible, physical indices (what Ray fleets and users set) mean
+        # the same GPU in every job that shares this daemon.
+        env = _control_env(self.pipe_dir, self.log_dir)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        proc = subprocess.run([MPS_CONTROL, "-d"], env=env, capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
             raise RunFailed(f"could not start the CUDA MPS daemon: {proc.stderr.strip() or proc.stdout.strip()}")
         self.started_by_us = True
         time.sleep(0.5)
         return self
 
+    def answers(self, *, timeout_s: float = 10.0) -> bool:
+        """Whether a daemon is listening on our pipe dir (a killed one leaves a stale `control` behind)."""
+        if not self.pipe_dir or not os.path.exists(os.path.join(self.pipe_dir, "control")):
+            return False
+        try:
+            proc = subprocess.run([MPS_CONTROL], input="get_server_list\n",
+                                  env=_control_env(self.pipe_dir, self.log_dir), capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return proc.returncode == 0
+
+    def quit(self) -> None:
+        """Stop the daemon on our pipe dir, whoever started it."""
+        try:
+            subprocess.run([MPS_CONTROL], input="quit\n", env=_control_env(self.pipe_dir, self.log_dir),
+                           capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
     def stop(self) -> None:
         if not self.started_by_us:
             return
-        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **self.env()},
-                       capture_output=True, text=True, timeout=30)
+        self.quit()
         self.started_by_us = False
 
     def __enter__(self):

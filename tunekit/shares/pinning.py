@@ -27,9 +27,12 @@ class PinnedEnv:
         return {"env": {**os.environ, **self.env}, "preexec_fn": _pin}
 
 
-def pinned_env(share: Share, *, mps_env: dict[str, str] | None = None, enforced: bool = True) -> PinnedEnv:
+def pinned_env(share: Share, *, mps_env: dict[str, str] | None = None, enforced: bool = True,
+               cores: list[int] | None = None) -> PinnedEnv:
+    """`cores`: a CPU share's cores (default: the first of this process's, share.cpu_cores())."""
     if share.kind == "cpu":
-        return PinnedEnv(share, thread_env(share.cpu_cores()), share.cpu_cores())
+        cores = list(cores) if cores else share.cpu_cores()
+        return PinnedEnv(share, thread_env(cores), cores)
     env = dict(mps_env or {})
     if enforced:
         # Only tightens the daemon's limit; without a daemon it does nothing (hence the SM check).
