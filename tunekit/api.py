@@ -85,9 +85,14 @@ def tune(model, *, example_inputs: tuple | None = None, gpu_pct: int | str | Non
 def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str | list | None = None,
                 trials: int | None = None, out: str | None = None, config: TuneConfig | None = None,
                 coordinator: CoordinatorConfig | None = None, show_progress: bool = False) -> SharesResult:
-    """Tune `model` for several shares (e.g. gpu_pct="25,50,100") in one run on Ray: shares that fit on
-    the device together are tuned at the same time, each into its own records-<share> database;
-    report.json compares them."""
+    """Tune `model` for several shares (e.g. gpu_pct="20,40,100"), each into its own records-<share>
+    database; report.json compares them.
+
+    In one process (no `coordinator`) one search serves every share: each candidate is built once
+    and measured at every share (config.search_per_share: one search per share instead, in turn);
+    config.robust also writes `<model>-robust.so`, the share-robust artifact, with its regret per
+    share in report.json. With `coordinator`, Ray clients search each share, shares that fit on
+    the device together at the same time."""
     from .reports.shares import compare_shares
     from .run.pipeline import Pipeline
     from .run.report import write_report
@@ -104,10 +109,15 @@ def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str |
         require_gpu()
     config = (config or TuneConfig()).with_trials(trials)
     out = out or _default_out(model, [s.label for s in shares])
-    results = Pipeline(model=model, shares=shares, out=out, config=config,
-                       executor=_executor(config, coordinator or CoordinatorConfig()),
-                       show_progress=show_progress).run()
+    pipeline = Pipeline(model=model, shares=shares, out=out, config=config, executor=_executor(config, coordinator),
+                        show_progress=show_progress)
+    results = pipeline.run()
     report = compare_shares(results)
+    report["search"] = ("one search, every candidate measured at every share"
+                        if not config.search_per_share and coordinator is None and config.engine == "tunekit"
+                        and len(shares) > 1 else "one search per share")
+    if pipeline.robust is not None:
+        report["robust"] = pipeline.robust
     return SharesResult(out_dir=out, report_path=write_report(report, out), results=results, report=report)
 
 

@@ -24,6 +24,11 @@ class TuneConfig:
     # Refuse an artifact whose outputs differ from onnxruntime's fp32 by more than this (max abs error
     # over the reference's largest magnitude); None: the precision's bound (tunekit.numerics.BOUNDS).
     max_output_error: float | None = None
+    # ---- several shares (--gpu-pct 20,40,100) in one process: one search, each candidate built once
+    # and measured at every share (clients.multi_share); search_per_share: one search per share, as
+    # before, for comparison. robust: also the share-robust artifact (run.robust).
+    search_per_share: bool = False
+    robust: bool = False
     # ---- search
     trials_per_iter: int = 8         # candidates per build/measure batch (small: every task gets a turn early)
     builder_workers: int | None = None  # default: the cores this process may use
@@ -40,7 +45,7 @@ class TuneConfig:
     # Warm start (clients.warm_start): tune out dirs / record dirs whose best records per task are
     # measured again at this share before the search; their cost model is loaded when none is here.
     warm_start: list[str] = field(default_factory=list)
-    warm_start_top_k: int = 8
+    warm_start_top_k: int = 2       # per task: the best records re-measured here (each costs a trial)
     # ---- measurement
     servers: int = 1                 # runner servers at the share
     server_mode: str = "warm"        # "warm" (tunekit) or "stock" (tvm.exec.rpc_server)
@@ -121,6 +126,11 @@ class TuneConfig:
                                                   or isinstance(self.max_output_error, bool)
                                                   or not self.max_output_error > 0):
             raise TunekitError(f"max_output_error must be a positive number, got {self.max_output_error!r}")
+        for name in ("search_per_share", "robust"):
+            if not isinstance(getattr(self, name), bool):
+                raise TunekitError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        if self.robust and self.search_per_share:
+            raise TunekitError("--robust needs every candidate measured at every share: drop --search-per-share")
         if self.task_scheduler not in ("gradient", "score"):
             raise TunekitError(f"task_scheduler must be gradient or score, not {self.task_scheduler!r}")
         if self.precision not in ("auto", "fp32", "fp16"):

@@ -1,4 +1,5 @@
-"""`tunekit tune`: one share, several shares (Ray), or the smallest share that meets a latency SLO."""
+"""`tunekit tune`: one share, several shares (one search measured at every share, or Ray), or the smallest
+share that meets a latency SLO."""
 from __future__ import annotations
 
 import os
@@ -41,6 +42,13 @@ def add_arguments(p) -> None:
     p.add_argument("--measure-lock", choices=["auto", "on", "off"],
                    help="one measurement at a time per device, across every tunekit job on this machine "
                    "(default auto: on for a GPU, off for CPU shares, whose cores are disjoint)")
+    p.add_argument("--search-per-share", action="store_true", default=None,
+                   help="with several shares: one search per share, in turn, instead of one search whose "
+                   "candidates are each built once and measured at every share (the default)")
+    p.add_argument("--robust", action="store_true", default=None,
+                   help="with several shares: also write <model>-robust.so, one artifact whose per-task schedules "
+                   "minimize the worst regret (latency / best latency) over the listed shares; report.json gives "
+                   "its regret at each share next to every share's own artifact")
     p.add_argument("--server-mode", choices=["warm", "stock"])
     p.add_argument("--engine", choices=["tunekit", "stock"],
                    help="tunekit's fast tuning loop (default) or stock MetaSchedule, for comparison (one process only)")
@@ -70,7 +78,7 @@ def add_arguments(p) -> None:
 
 _CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed", "listen_host",
                  "rpc_secret_file", "servers_gone_timeout_s", "time_budget_s", "precision",
-                 "oversubscribe", "share_wait_s")
+                 "oversubscribe", "share_wait_s", "search_per_share", "robust")
 
 
 def tune_config(args):
@@ -116,7 +124,7 @@ def coordinator_config(args, *, oversubscribe: bool = False):
     from ..config import CoordinatorConfig
 
     wanted = (args.clients is not None or args.gpus is not None or args.ray_address or os.environ.get("RAY_ADDRESS")
-              or _several(args) or args.client_nodes is not None)
+              or args.client_nodes is not None)
     if not wanted:
         return None
     gpus = None
@@ -158,9 +166,23 @@ def _tune_shares(args, config, coordinator) -> int:
     result = api.tune_shares(args.model, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out, config=config,
                              coordinator=coordinator, show_progress=show_progress(args))
     payload = {"out_dir": result.out_dir, "report_path": result.report_path, "report": result.report}
-    emit(args, payload, result.report["table_md"] + f"\n\n{result.report['tasks_whose_best_differs']} task(s) "
-         f"have a different best record per share\nreport: {result.report_path}")
+    emit(args, payload, result.report["table_md"] + f"\n\n{result.report['search']}; "
+         f"{result.report['tasks_whose_best_differs']} task(s) have a different best record per share"
+         + _robust_lines(result.report.get("robust")) + f"\nreport: {result.report_path}")
     return EXIT_OK
+
+
+def _robust_lines(robust: dict | None) -> str:
+    """The regret matrix: each artifact's latency / the share's own artifact's, at every share."""
+    if not robust:
+        return ""
+    shares = robust["shares"]
+    lines = ["", "", "regret (latency / that share's own artifact), per share:",
+             "| artifact | " + " | ".join(shares) + " | worst |", "| --- |" + " ---: |" * (len(shares) + 1)]
+    for name, row in robust["matrix"].items():
+        cells = [f"{row['regret'].get(s, float('nan')):.3f}" for s in shares]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['worst_regret']:.3f} |")
+    return "\n".join(lines) + f"\nrobust model: {robust['artifact']}"
 
 
 def run(args) -> int:

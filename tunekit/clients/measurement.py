@@ -51,6 +51,17 @@ class Measurement:
     secret: bytes | None = field(default=None, repr=False)  # the warm servers' shared secret (never logged)
 
 
+@dataclass
+class ShareToMeasure:
+    """One share of a tuning run as an engine sees it: where its candidates are measured and where
+    its records (and its cost model) go."""
+
+    label: str
+    database: object
+    measurement: Measurement
+    records_dir: str | None = None
+
+
 def overlap_allowed(device_kind: str, config: TuneConfig) -> bool:
     """Whether the next batch is searched and built while the last one is measured."""
     if config.overlap in (True, False):

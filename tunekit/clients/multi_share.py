@@ -11,8 +11,6 @@ MultiShareRunner puts each runner input on every share's runner and answers with
 """
 from __future__ import annotations
 
-import concurrent.futures
-
 from ..counts import sum_counts
 
 
@@ -32,7 +30,7 @@ class _Timings:
         for timing in found[1:]:
             total.load_s += timing.load_s
             total.run_s += timing.run_s
-            total.lock_wait_s += getattr(timing, "lock_wait_s", 0.0)
+            total.lock_wait_s += timing.lock_wait_s
         return total
 
 
@@ -91,8 +89,3 @@ class MultiShareRunner:
         for runner in self.runners.values():
             runner.shutdown()
 
-
-def wait_all(futures: list, timeout: float | None = None) -> None:
-    """Block until every (shared) future is done."""
-    concurrent.futures.wait([f for shared in futures for f in getattr(shared, "futures", {}).values()],
-                            timeout=timeout)

@@ -10,8 +10,11 @@ XGBoost cost model, database) but:
   or a run being resumed) is answered from the record;
 - commits every measured trial to the database as it completes (clients.callbacks);
 - times every phase (search, build, load, run, wait) so the report shows where the time goes;
-- measures each task once untuned (the naive loop nest on CPU, DLight's default on GPU).
-Which task goes next is clients.scheduler's decision.
+- measures each task once untuned (the naive loop nest on CPU, DLight's default on GPU);
+- with several shares (measure every share), builds each candidate once and measures it at every
+  share: each share has its own TuneContexts, database and cost model, and the shares take turns
+  proposing a task's batches, so every share's search steers the one stream of candidates.
+Which task goes next is clients.scheduler's decision (over the first share's view of the tasks).
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class _Batch:
     fresh: list[int]   # indices of candidates to build and measure
     cached: list[int]  # indices of candidates already in the database (answered from the record)
     staged: concurrent.futures.Future | None = None  # -> (build results, run futures by slot, build s)
+    lane: int = 0      # the share whose search proposed it (ShareLane index)
 
 
 @dataclass
@@ -99,6 +103,22 @@ class SearchRequest:
     improving_only: bool = True
     tag: dict = field(default_factory=dict)
     warm_start: list = field(default_factory=list)  # opened databases of other runs (clients.warm_start)
+    label: str = ""     # the share `database` belongs to
+    # Measure every share: {share label: its database} of the other shares each candidate is also
+    # measured at (the runner is then a clients.multi_share.MultiShareRunner, this share first).
+    other_shares: dict = field(default_factory=dict)
+
+
+@dataclass
+class ShareLane:
+    """One share of the run as the search sees it: its database, its cost model, its own view of the
+    tasks (TuneContexts whose search reads this share's records) and the batches it proposed."""
+
+    label: str
+    database: object
+    cost_model: object
+    tasks: list = field(default_factory=list)
+    proposed: int = 0
 
 
 # MultiLevelTilingTensorCore (and the CPU rules that tensorize) annotate the block they tile for an
@@ -170,14 +190,21 @@ class SearchLoop:
     earlier batches are built and measured, so the wall tends to the slowest stage instead of
     their sum; without it (CPU builders sharing the measured cores) one batch at a time."""
 
-    def __init__(self, request: SearchRequest, *, builder, runner, cost_model, search_threads: int, overlap: bool):
+    def __init__(self, request: SearchRequest, *, builder, runner, cost_model, search_threads: int, overlap: bool,
+                 share_cost_models: dict | None = None):
+        """`share_cost_models`: {label: cost model} of `request.other_shares` (measure every share)."""
         self.req = request
         self.builder, self.runner, self.cost_model = builder, runner, cost_model
         self.search_threads = search_threads
         self.depth = 2 if overlap else 1
         self.phases = PhaseTimes()
         self.device_type = "cuda" if request.target.kind.name == "cuda" else "cpu"
-        self.tasks = self._make_tasks()
+        self.lanes = [ShareLane(request.label, request.database, cost_model)] + [
+            ShareLane(label, database, (share_cost_models or {})[label])
+            for label, database in request.other_shares.items()]
+        for lane in self.lanes:
+            lane.tasks = self._make_tasks(lane, first=lane is self.lanes[0])
+        self.tasks = self.lanes[0].tasks  # what the scheduler, budgets and progress follow
         self.warm_started: dict[str, int] = {}  # task -> foreign candidates measured again at this share
         # The cost model trains on its own thread (0.17 s a trial on the H100 when it ran in the
         # loop): one update at a time, in order; the search predicts with the model trained so far.
@@ -188,7 +215,7 @@ class SearchLoop:
                                        pool_key=str(request.tag.get("client")) if "client" in request.tag else None)
 
     # ---------------------------------------------------------------- set-up
-    def _make_tasks(self) -> list[TaskState]:
+    def _make_tasks(self, lane: ShareLane, *, first: bool) -> list[TaskState]:
         from tvm.s_tir import meta_schedule as ms
 
         req, config = self.req, self.req.config
@@ -203,21 +230,24 @@ class SearchLoop:
                                                          init_min_unmeasured=config.init_samples_for(kind))
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             extracted, req.work_dir, strategy=strategy, num_threads=self.search_threads, seed=config.seed)
-        known = _records_by_workload(req.database)
-        mine = {mod: len(found) for mod, found in known.items()} if req.count_existing else {}
-        if req.known_database is not None:  # earlier runs' records: merged by structural equality
+        known = _records_by_workload(lane.database)
+        mine = {mod: len(found) for mod, found in known.items()} if req.count_existing and first else {}
+        if req.known_database is not None and first:  # earlier runs' records: merged by structural equality
             for mod, found in _records_by_workload(req.known_database).items():
                 existing = _find(known, mod, None)
                 if existing is None:
                     known[mod] = found
                 else:
                     existing.update(found)
+        # With several shares the loop keeps the budget: a share's search may be notified of more
+        # batches than it proposed (MetaSchedule counts its trials from those notifications).
+        max_trials = config.trials if budgets is None and not req.other_shares else 1 << 30
         tasks = []
         for i, (task, ctx, weight) in enumerate(zip(extracted, contexts, weights)):
-            ctx.pre_tuning(max_trials=config.trials if budgets is None else 1 << 30,
-                           num_trials_per_iter=config.trials_per_iter, design_spaces=ctx.generate_design_space(),
-                           database=req.database, cost_model=self.cost_model)
-            state = TaskState(i, task.task_name, float(weight), ctx, commit_workload_durably(req.database, ctx.mod),
+            ctx.pre_tuning(max_trials=max_trials, num_trials_per_iter=config.trials_per_iter,
+                           design_spaces=ctx.generate_design_space(), database=lane.database,
+                           cost_model=lane.cost_model)
+            state = TaskState(i, task.task_name, float(weight), ctx, commit_workload_durably(lane.database, ctx.mod),
                               flops=task_flops(ctx.mod), family=task_family(task.task_name))
             state.budget = state.cap = config.trials if budgets is None else int(budgets[i])
             state.measured = state.resumed = _find(mine, ctx.mod, 0)
@@ -226,22 +256,38 @@ class SearchLoop:
         self.phases.search_s += time.perf_counter() - t0
         return tasks
 
+    def _proposer(self, task: TaskState) -> int:
+        """Which share proposes `task`'s next batch: a task's batches go round the shares, and tasks
+        start at different shares (so the first batches of a short run are not all the first share's)."""
+        return (task.batches + task.index) % len(self.lanes)
+
+    def _known(self, index: int, key: str) -> list | None:
+        """run_secs of a candidate already measured (at any share: each candidate is measured at all)."""
+        for lane in self.lanes:
+            if key in lane.tasks[index].seen:
+                return lane.tasks[index].seen[key]
+        return None
+
     # ---------------------------------------------------------------- stages
     def _propose(self, task: TaskState, limit: int) -> _Batch | None:
         """Search: one batch of candidates for `task` (main thread; MetaSchedule's C++ search
         releases the GIL, so the stage thread keeps building and measuring meanwhile)."""
         t = time.perf_counter()
+        lane = self._proposer(task)
         try:
-            candidates = task.ctx.generate_measure_candidates()
+            candidates = self.lanes[lane].tasks[task.index].ctx.generate_measure_candidates()
             if not candidates:
                 self.scheduler.exhaust(task)
                 return None
             texts = [_trace_text(c.sch.trace) for c in candidates]
             keys = [hashlib.sha1(text.encode()).hexdigest() for text in texts]
-            task.tensorized.update(k for k, text in zip(keys, texts) if _TENSORIZE_MARK in text)
-            fresh = [j for j, k in enumerate(keys) if k not in task.seen][:limit]
-            cached = [j for j, k in enumerate(keys) if k in task.seen]
-            return _Batch(task, candidates, keys, fresh, cached)
+            marked = {k for k, text in zip(keys, texts) if _TENSORIZE_MARK in text}
+            for each in self.lanes:
+                each.tasks[task.index].tensorized.update(marked)
+            fresh = [j for j, k in enumerate(keys) if self._known(task.index, k) is None][:limit]
+            cached = [j for j, k in enumerate(keys) if self._known(task.index, k) is not None]
+            self.lanes[lane].proposed += 1
+            return _Batch(task, candidates, keys, fresh, cached, lane=lane)
         finally:
             self.phases.search_s += time.perf_counter() - t
 
@@ -262,40 +308,59 @@ class SearchLoop:
         futures = self.runner.run(inputs) if inputs else []
         return built, dict(zip(slots, futures)), build_s
 
+    def _results_by_share(self, future) -> dict:
+        """{share label: RunnerResult} of one candidate (a MultiShareRunner's future has one per share)."""
+        if len(self.lanes) == 1:
+            return {self.lanes[0].label: future.result()}
+        return future.results()
+
     def _wait(self, batch: _Batch) -> tuple[list, list]:
-        """Block until the batch is built and measured: (build results, runner results)."""
+        """Block until the batch is built and measured: (build results, {share: runner result} per slot)."""
         from tvm.s_tir.meta_schedule.runner import RunnerResult
 
         t = time.perf_counter()
         built, futures, build_s = batch.staged.result() if batch.staged is not None else ([], {}, 0.0)
         self.phases.build_s += build_s
-        results = [futures[slot].result() if slot in futures else RunnerResult(None, b.error_msg or "build failed")
+        results = [self._results_by_share(futures[slot]) if slot in futures else
+                   {lane.label: RunnerResult(None, b.error_msg or "build failed") for lane in self.lanes}
                    for slot, b in enumerate(built)]
         self.phases.wait_s += time.perf_counter() - t
         return built, results
 
     def _join(self, batch: _Batch) -> int:
-        """A batch came back: record every trial, train the cost model, tell the search. Returns the
-        number of trials it spent."""
-        from tvm.s_tir.meta_schedule.runner import RunnerResult
-
-        from .session_runner import is_not_measured
-
+        """A batch came back: record every trial at every share, train each share's cost model, tell
+        the search that proposed it. Returns the number of trials it spent."""
         built, results = self._wait(batch)
         t = time.perf_counter()
-        task, previous = batch.task, batch.task.effective_us
-        ok_candidates, ok_results = [], []
-        for j, build, result in zip(batch.fresh, built, results):
+        for build in built:
             timing = self.runner.timings.pop(str(build.artifact_path), None) if build.artifact_path else None
             if timing is not None:
                 self.phases.load_s += timing.load_s
                 self.phases.run_s += timing.run_s
                 self.phases.lock_wait_s += timing.lock_wait_s
             callbacks.remove_artifact(build.artifact_path)
+        for index, lane in enumerate(self.lanes):
+            self._join_share(batch, lane, [r[lane.label] for r in results], proposed=index == batch.lane)
+        if self.runner.fatal is not None:
+            raise self.runner.fatal  # every server of a share gone: stop, with what was measured recorded
+        self.phases.update_s += time.perf_counter() - t
+        self._report_progress(batch.task, len(batch.fresh))
+        return len(batch.fresh)
+
+    def _join_share(self, batch: _Batch, lane: ShareLane, results: list, *, proposed: bool) -> None:
+        """One share's side of a batch: its records, its cost model, and (if it proposed the batch) its search."""
+        from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+        from .session_runner import is_not_measured
+
+        task = lane.tasks[batch.task.index]
+        previous = task.effective_us
+        ok_candidates, ok_results = [], []
+        for j, result in zip(batch.fresh, results):
             if is_not_measured(result):
                 continue  # never ran (the runner gave up on the share's servers): not a trial, not recorded
             secs = callbacks.run_secs_of(result)
-            callbacks.add_to_database(self.req.database, task=task, candidate=batch.candidates[j], secs=secs,
+            callbacks.add_to_database(lane.database, task=task, candidate=batch.candidates[j], secs=secs,
                                       target=self.req.target)
             task.seen[batch.keys[j]] = secs
             us = mean_run_us(secs)
@@ -303,27 +368,23 @@ class SearchLoop:
             if us is not None:
                 ok_candidates.append(batch.candidates[j])
                 ok_results.append(result)
-        if self.runner.fatal is not None:
-            raise self.runner.fatal  # every server of the share gone: stop, with what was measured recorded
-        self._update_model(task, ok_candidates, ok_results)
-        # The search strategy hears about every candidate it proposed, the cached ones included.
-        task.ctx.notify_runner_results([batch.candidates[j] for j in batch.fresh + batch.cached],
-                                       results + [RunnerResult(task.seen[batch.keys[j]], None) for j in batch.cached])
+        self._update_model(lane.cost_model, task, ok_candidates, ok_results)
+        if proposed:  # the search strategy hears about every candidate it proposed, the cached ones included
+            task.ctx.notify_runner_results(
+                [batch.candidates[j] for j in batch.fresh + batch.cached],
+                results + [RunnerResult(self._known(task.index, batch.keys[j]), None) for j in batch.cached])
         task.after_batch(previous, fresh=len(batch.fresh), cached=len(batch.cached))
-        self.phases.update_s += time.perf_counter() - t
-        self._report_progress(task, len(batch.fresh))
-        return len(batch.fresh)
 
-    def _update_model(self, task: TaskState, candidates: list, results: list) -> None:
+    def _update_model(self, cost_model, task: TaskState, candidates: list, results: list) -> None:
         if not candidates:
             return
         if self.updater is None:
-            callbacks.update_cost_model(self.cost_model, task=task, candidates=candidates, results=results)
+            callbacks.update_cost_model(cost_model, task=task, candidates=candidates, results=results)
             return
 
         def update():
             t = time.perf_counter()
-            callbacks.update_cost_model(self.cost_model, task=task, candidates=candidates, results=results)
+            callbacks.update_cost_model(cost_model, task=task, candidates=candidates, results=results)
             self.phases.model_s += time.perf_counter() - t
 
         self.updater.submit(update)
@@ -402,11 +463,15 @@ class SearchLoop:
             stage.shutdown(wait=not in_flight, cancel_futures=True)
             if self.updater is not None:
                 self.updater.shutdown(wait=True)  # the saved model has every update
+        for lane in self.lanes:
+            for task in lane.tasks:
+                task.ctx.post_tuning()
         for task in self.tasks:
-            task.ctx.post_tuning()
             if not stop_requested():
                 self.scheduler.release_unused(task)  # e.g. the search kept proposing known candidates
-        return self._outcome(time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        self.by_share = {lane.label: self._outcome(wall, lane) for lane in self.lanes}
+        return self.by_share[self.lanes[0].label]
 
     def _loop(self, stage, in_flight, started: float, spent: int) -> None:
         idle_rounds, stopping = 0, False
@@ -438,22 +503,23 @@ class SearchLoop:
             batch.staged = stage.submit(self._build_and_submit, batch)
             in_flight.append(batch)
 
-    def _outcome(self, wall: float) -> LoopOutcome:
+    def _outcome(self, wall: float, lane: ShareLane) -> LoopOutcome:
         per_task = self.req.task_budgets is not None
+        shared = {"proposed_by": {each.label: each.proposed for each in self.lanes}} if len(self.lanes) > 1 else {}
         rows = [{"name": t.name, "workload_hash": workload_key(t.ctx.mod), "weight": int(t.weight),
                  "trials": t.measured, "failed": t.failed, **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None,
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
                  "negligible": t.negligible, "tensorized_trials": t.tensorized_trials,
-                 "best_tensorized": t.best_tensorized,
+                 "best_tensorized": t.best_tensorized, "best_trace": t.best_key,
                  **({"warm_started": self.warm_started[t.name]} if t.name in self.warm_started else {}),
                  **({"budget": t.budget, "extra": t.extra, "exhausted": t.exhausted, **self.req.tag}
                     if per_task else {})}
-                for t in self.tasks]
-        measured = sum(t.measured for t in self.tasks)
-        return LoopOutcome(measured, sum(t.failed for t in self.tasks), sum(t.cached for t in self.tasks), wall, rows,
-                           self.phases.as_dict(wall, measured), self.runner.session_failures)
+                for t in lane.tasks]
+        measured = sum(t.measured for t in lane.tasks)
+        return LoopOutcome(measured, sum(t.failed for t in lane.tasks), sum(t.cached for t in lane.tasks), wall, rows,
+                           {**self.phases.as_dict(wall, measured), **shared}, self.runner.session_failures)
 
     def _measure_untuned(self) -> None:
         """One build + run per task of the unscheduled (or default-scheduled) kernel: the per-task baseline."""
@@ -479,14 +545,18 @@ class SearchLoop:
                 run_owners.append((task, str(result.artifact_path)))
         t = time.perf_counter()
         for (task, path), future in zip(run_owners, self.runner.run(run_inputs)):
-            task.untuned_us = mean_run_us(future.result().run_secs)
+            for lane in self.lanes:
+                lane.tasks[task.index].untuned_us = mean_run_us(self._results_by_share(future)[lane.label].run_secs)
             self.runner.timings.pop(path, None)
             callbacks.remove_artifact(path)
         self.phases.wait_s += time.perf_counter() - t
 
 
 def run_search(request: SearchRequest, *, builder, runner, cost_model, search_threads: int,
-               overlap: bool) -> LoopOutcome:
-    """Tune `request.extracted_tasks` with the engine's builder, runner and cost model."""
-    return SearchLoop(request, builder=builder, runner=runner, cost_model=cost_model, search_threads=search_threads,
-                      overlap=overlap).run()
+               overlap: bool, share_cost_models: dict | None = None) -> dict:
+    """Tune `request.extracted_tasks` with the engine's builder, runner and cost model(s):
+    {share label: LoopOutcome}, `request.label` first (one entry unless `request.other_shares`)."""
+    loop = SearchLoop(request, builder=builder, runner=runner, cost_model=cost_model, search_threads=search_threads,
+                      overlap=overlap, share_cost_models=share_cost_models)
+    loop.run()
+    return loop.by_share

@@ -10,7 +10,7 @@ import logging
 import os
 
 from ..config import TuneConfig
-from .measurement import Measurement, TuningOutcome, builder_cores, overlap_allowed, process_on
+from .measurement import Measurement, ShareToMeasure, TuningOutcome, builder_cores, overlap_allowed, process_on
 
 log = logging.getLogger("tunekit.engine")
 
@@ -19,16 +19,23 @@ class SearchEngine:
     """tunekit's engine, assembled: build pool, measuring runner, XGBoost cost model. Kept for the
     life of a client, so several search calls (the coordinator's leftover rounds) reuse them."""
 
-    def __init__(self, *, builder, runner, cost_model, cores: list[int], overlap: bool):
+    def __init__(self, *, builder, runner, cost_model, cores: list[int], overlap: bool,
+                 share_cost_models: dict | None = None):
         self.builder, self.runner, self.cost_model = builder, runner, cost_model
+        self.share_cost_models = share_cost_models or {}  # measure every share: the other shares' models
         self.cores, self.overlap = cores, overlap
 
     def search(self, request):
-        """Run the search loop over `request` (a clients.search_loop.SearchRequest)."""
+        """Run the search loop over `request` (a clients.search_loop.SearchRequest): its share's LoopOutcome."""
+        return self.search_shares(request)[request.label]
+
+    def search_shares(self, request) -> dict:
+        """{share label: LoopOutcome}: `request`'s share and, measured alongside, its `other_shares`."""
         from .search_loop import run_search
 
         return run_search(request, builder=self.builder, runner=self.runner, cost_model=self.cost_model,
-                          search_threads=len(self.cores), overlap=self.overlap)
+                          search_threads=len(self.cores), overlap=self.overlap,
+                          share_cost_models=self.share_cost_models)
 
     def describe(self) -> dict:
         return {"overlap": self.overlap, "build_workers": self.builder.workers, "hung_candidates": self.runner.hangs,
@@ -39,7 +46,8 @@ class SearchEngine:
         self.builder.shutdown()
 
 
-def _runner_for(measurement: Measurement, config: TuneConfig):
+def _runner_for(measurement: Measurement, config: TuneConfig, *, measure_lock=None):
+    """The runner over `measurement`'s fleets. `measure_lock` overrides config.measure_lock."""
     from .fanout_runner import FanoutRunner
     from .session_runner import RunnerConfig, SessionRunner
 
@@ -49,16 +57,33 @@ def _runner_for(measurement: Measurement, config: TuneConfig):
                                           servers_gone_timeout_s=config.servers_gone_timeout_s,
                                           label=measurement.label or fleet.key.removeprefix("tunekit-"),
                                           release_idle_sessions=measurement.shared, secret=measurement.secret,
-                                          measure_lock=config.measure_lock),
+                                          measure_lock=config.measure_lock if measure_lock is None
+                                          else measure_lock),
                              on_hang=fleet.on_hang)
                for fleet in measurement.fleets]
     return runners[0] if len(runners) == 1 else FanoutRunner(runners)
 
 
+def _multi_share_runner(measurements: dict, config: TuneConfig):
+    """One runner per share behind a MultiShareRunner (the first share's result is the primary one).
+    Measurements at different shares take turns: on a GPU they would share its bandwidth and L2,
+    and CPU shares overlap on their cores. A CPU share therefore takes the CPU's measurement lock
+    here unless --measure-lock off."""
+    from .multi_share import MultiShareRunner
+
+    lock = None
+    if next(iter(measurements.values())).device_kind == "cpu" and config.measure_lock == "auto":
+        lock = True
+    return MultiShareRunner({label: _runner_for(m, config, measure_lock=lock) for label, m in measurements.items()})
+
+
 def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_dir: str,
-                cores: list[int] | None = None, build_workers: int | None = None) -> SearchEngine:
+                cores: list[int] | None = None, build_workers: int | None = None,
+                other_shares: dict | None = None) -> SearchEngine:
     """tunekit's engine for `target`, measuring on `measurement`'s fleets. `cores`: where building and
-    searching may run (default: this process's cores, off a CPU share's cores when overlapping)."""
+    searching may run (default: this process's cores, off a CPU share's cores when overlapping).
+    `other_shares`: {label: Measurement} of more shares every candidate is also measured at (each
+    with its own cost model); `measurement` is then the first share's."""
     from tvm.s_tir import meta_schedule as ms
 
     from .build_pool import BuildPool
@@ -71,44 +96,78 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
     builder = BuildPool(workers=build_workers or config.builder_workers or len(cores), timeout_s=config.build_timeout_s,
                         cores=cores, cuda_aot=target.kind.name == "cuda",
                         artifact_dir=os.path.join(work_dir, "artifacts"))
-    runner = _runner_for(measurement, config)
-    log.info("engine tunekit: %d build workers on cores %s, %d fleet(s), overlap %s",
-             builder.workers, cores, len(measurement.fleets), overlap)
+    if other_shares:
+        runner = _multi_share_runner({measurement.label: measurement, **other_shares}, config)
+    else:
+        runner = _runner_for(measurement, config)
+    log.info("engine tunekit: %d build workers on cores %s, %d fleet(s), overlap %s%s",
+             builder.workers, cores, len(measurement.fleets), overlap,
+             f", measured at {', '.join([measurement.label, *other_shares])}" if other_shares else "")
     return SearchEngine(builder=builder, runner=runner, cost_model=ms.cost_model.XGBModel(num_tuning_cores=len(cores)),
-                        cores=cores, overlap=overlap)
+                        cores=cores, overlap=overlap,
+                        share_cost_models={label: ms.cost_model.XGBModel(num_tuning_cores=len(cores))
+                                           for label in other_shares or {}})
 
 
 class TunekitEngine:
     name = "tunekit"
+    measures_every_share = True  # tune_shares: one search, each candidate measured at every share
 
     def tune(self, *, tasks, target, database, work_dir, measurement, config, progress,
              records_dir: str | None = None) -> TuningOutcome:
         """`records_dir`: the share's database dir, where the cost model is kept (clients.cost_model_store)."""
+        share = ShareToMeasure(measurement.label, database, measurement, records_dir)
+        return self.tune_shares(tasks=tasks, target=target, shares=[share], work_dir=work_dir, config=config,
+                                progress=progress)[share.label]
+
+    def tune_shares(self, *, tasks, target, shares: list[ShareToMeasure], work_dir, config,
+                    progress) -> dict[str, TuningOutcome]:
+        """One search for every share in `shares`: each candidate built once, measured at every share,
+        recorded in each share's database with the time measured there. The first share's target
+        builds the candidates and its view of the tasks decides which task goes next."""
         from ..interrupts import cooperative
         from . import cost_model_store, warm_start
         from .search_loop import SearchRequest
 
+        first, others = shares[0], shares[1:]
         sources = warm_start.open_sources(config.warm_start)
-        engine = make_engine(target=target, measurement=measurement, config=config, work_dir=work_dir)
+        engine = make_engine(target=target, measurement=first.measurement, config=config, work_dir=work_dir,
+                             other_shares={s.label: s.measurement for s in others})
         try:
-            # Its own saved model first (a resumed run), else a warm start's.
-            mine = [cost_model_store.model_path(records_dir)] if records_dir and config.resume else []
-            found = [cost_model_store.model_path(d) for d in _record_dirs(config.warm_start)]
-            model = cost_model_store.load_into(engine.cost_model, candidates=mine + found)
+            models = {s.label: (engine.cost_model if s is first else engine.share_cost_models[s.label])
+                      for s in shares}
+            loaded = {s.label: _load_cost_model(models[s.label], s.records_dir, config) for s in shares}
             with cooperative(), process_on(engine.cores):
-                loop = engine.search(SearchRequest(extracted_tasks=tasks, target=target, database=database,
-                                                   config=config, work_dir=work_dir, progress=progress,
-                                                   measure_untuned=config.measure_untuned_tasks,
-                                                   warm_start=sources))
-            model["saved_to"] = cost_model_store.save(engine.cost_model, records_dir)
+                loops = engine.search_shares(SearchRequest(
+                    extracted_tasks=tasks, target=target, database=first.database, config=config, work_dir=work_dir,
+                    progress=progress, measure_untuned=config.measure_untuned_tasks, warm_start=sources,
+                    label=first.label, other_shares={s.label: s.database for s in others}))
+            for s in shares:
+                loaded[s.label]["saved_to"] = cost_model_store.save(models[s.label], s.records_dir)
         finally:
             engine.shutdown()
+        faults = engine.runner.fault_counts()
+        return {s.label: self._outcome(loops[s.label], engine, config, faults=faults,
+                                       extra={"cost_model": loaded[s.label],
+                                              **({"measured_with": [x.label for x in shares]} if others else {})})
+                for s in shares}
+
+    def _outcome(self, loop, engine, config, *, faults: dict, extra: dict) -> TuningOutcome:
         warm = {"sources": config.warm_start, "candidates_measured_again":
                 sum(t.get("warm_started", 0) for t in loop.tasks)} if config.warm_start else None
         return TuningOutcome(loop.trials_done, loop.trials_failed, loop.wall_s, loop.tasks, engine=self.name,
                              trials_cached=loop.trials_cached, phases={**loop.phases, **engine.describe()},
-                             session_failures=loop.session_failures, faults=engine.runner.fault_counts(),
-                             extra={"cost_model": model, **({"warm_start": warm} if warm else {})})
+                             session_failures=loop.session_failures, faults=faults,
+                             extra={**extra, **({"warm_start": warm} if warm else {})})
+
+
+def _load_cost_model(model, records_dir: str | None, config) -> dict:
+    """Its own saved model first (a resumed run), else a warm start's (clients.cost_model_store)."""
+    from . import cost_model_store
+
+    mine = [cost_model_store.model_path(records_dir)] if records_dir and config.resume else []
+    found = [cost_model_store.model_path(d) for d in _record_dirs(config.warm_start)]
+    return cost_model_store.load_into(model, candidates=mine + found)
 
 
 def _record_dirs(dirs: list[str]) -> list[str]:

@@ -135,6 +135,9 @@ class RayExecutor:
             merge_shards(earlier, job.db_dir)
 
     def groups(self, jobs: list[ShareJob]) -> list[list[ShareJob]]:
+        if self.config.robust:
+            raise TunekitError("--robust measures every candidate at every share in one process: drop the Ray "
+                               "flags (--clients, --gpus, --ray-address, --client-nodes, RAY_ADDRESS)")
         kinds = {job.share.kind for job in jobs}
         if len(kinds) != 1:
             raise TunekitError("tune GPU shares and CPU shares in separate runs")
@@ -145,6 +148,9 @@ class RayExecutor:
         groups = planning.group_shares([job.share for job in jobs], servers=self.config.servers,
                                        oversubscribe=self.coord.oversubscribe)
         return [[by_label[share.label] for share in group] for group in groups]
+
+    def progress_total(self, group: list[ShareJob]) -> int:
+        return self.config.trials * len(group)  # the clients search each share on its own
 
     @contextlib.contextmanager
     def group_sessions(self, group: list[ShareJob]):

@@ -54,6 +54,9 @@ class Executor(Protocol):
     def groups(self, jobs: list[ShareJob]) -> list[list[ShareJob]]:
         """Shares tuned at the same time, in the order they run."""
 
+    def progress_total(self, group: list[ShareJob]) -> int:
+        """Trials the progress bar counts for a group (a search per share, or one for all)."""
+
     def group_sessions(self, group: list[ShareJob]) -> AbstractContextManager:
         """{share label: run.session.ShareSession} open while a group is measured and tuned."""
 

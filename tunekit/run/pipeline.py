@@ -48,6 +48,7 @@ class Pipeline:
         self.share_choice = share_choice
         self.started = time.time()
         self.steps: dict[str, float] = {}
+        self.robust: dict | None = None  # --robust: the share-robust artifact and its regret matrix
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -154,14 +155,44 @@ class Pipeline:
                 untuned = {job.label: self._measure(job, sessions[job.label], path=self._untuned_path(job),
                                                     database=None, what=f"the untuned {job.precision} model")
                            for job in group}
-            progress = ProgressBar(total=self.config.trials * len(group), show=self.show_progress)
+            progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress)
             try:
                 with self._step("tune_s"):
                     outcomes = self.executor.tune(group, sessions, progress)
             finally:
                 progress.close()
-            return [self._finish(job, loaded, outcomes[job.label], sessions[job.label], untuned[job.label])
-                    for job in group]
+            results = [self._finish(job, loaded, outcomes[job.label], sessions[job.label], untuned[job.label])
+                       for job in group]
+            if self.config.robust:
+                with self._step("robust_s"):
+                    self.robust = self._robust(group, loaded, sessions, results)
+            return results
+
+    def _robust(self, group: list[ShareJob], loaded: LoadedModel, sessions: dict, results: list) -> dict:
+        """`<model>-robust.so`: per task the schedule with the smallest worst regret over the shares
+        (run.robust), then every artifact measured at every share, back to back: the regret matrix."""
+        from ..records.baselines import read_baselines
+        from ..records.database import open_database
+        from ..servers.latency import measure_latency
+        from .robust import regret_matrix, robust_records
+
+        first = group[0]
+        chosen, rows = robust_records({job.label: open_database(job.db_dir) for job in group},
+                                      {job.label: read_baselines(job.db_dir) for job in group})
+        path = os.path.join(self.out, f"{loaded.name}-robust.so")
+        self._measure(first, sessions[first.label], path=path, database=chosen, what="the share-robust model")
+        self._describe(loaded, first, path, share_label=None, trials=0, db_dir=None)
+        artifacts = {r.share: r.artifact for r in results}
+        artifacts["robust"] = path
+        latency = {name: {job.label: measure_latency(artifact=artifact, inputs=self.sample,
+                                                     pinned=sessions[job.label].pinned,
+                                                     repeats=self.config.measure_repeats)[0]["median_ms"]
+                          for job in group}
+                   for name, artifact in artifacts.items()}
+        matrix = regret_matrix(latency)
+        log.info("robust model: worst regret %.3f over %s (tuned at %s alone: %s)", matrix["robust"]["worst_regret"],
+                 ", ".join(j.label for j in group), first.label, matrix[first.label]["worst_regret"])
+        return {"artifact": path, "shares": [job.label for job in group], "tasks": rows, "matrix": matrix}
 
     # ---------------------------------------------------------------- after tuning
     def _untuned_path(self, job: ShareJob) -> str:

@@ -102,8 +102,11 @@ class ShareSession:
     a CPU, the cores the ledger set aside, away from other jobs' cores)."""
 
     def __init__(self, share: Share, *, allow_unenforced: bool, servers: int = 1, oversubscribe: bool = False,
-                 wait_s: float = 0.0):
+                 wait_s: float = 0.0, within: "ShareSession | None" = None):
+        """`within`: an open session of a larger share this one takes turns with (measure every share):
+        no booking of its own (they never measure at once), its cores (CPU) or its MPS daemon (GPU)."""
         self.share = share
+        self.within = within
         self.allow_unenforced = allow_unenforced
         self.servers, self.oversubscribe, self.wait_s = servers, oversubscribe, wait_s
         self.mps = None
@@ -114,10 +117,11 @@ class ShareSession:
         self._stack = contextlib.ExitStack()
 
     @classmethod
-    def for_tuning(cls, share: Share, config, *, oversubscribe: bool = False) -> "ShareSession":
+    def for_tuning(cls, share: Share, config, *, oversubscribe: bool = False,
+                   within: "ShareSession | None" = None) -> "ShareSession":
         """The session of a tuning run (a TuneConfig): its servers, --oversubscribe, --wait-for-share."""
         return cls(share, allow_unenforced=config.allow_unenforced_share, servers=config.servers,
-                   oversubscribe=config.oversubscribe or oversubscribe, wait_s=config.share_wait_s)
+                   oversubscribe=config.oversubscribe or oversubscribe, wait_s=config.share_wait_s, within=within)
 
     def __enter__(self) -> "ShareSession":
         try:
@@ -131,6 +135,9 @@ class ShareSession:
         from ..shares import ledger
         from ..shares.pinning import pinned_env
 
+        if self.within is not None:
+            self._open_within(self.within)
+            return
         device = "cpu" if self.share.kind == "cpu" else ledger.gpu_device()
         self.booking = self._stack.enter_context(ledger.book(
             device, self.share.pct * self.servers, servers=self.servers, oversubscribe=self.oversubscribe,
@@ -151,6 +158,18 @@ class ShareSession:
             log.warning("UNENFORCED SHARE: MPS is not usable; measuring on the whole GPU")
             self.enforced = False
             self.pinned = pinned_env(self.share, enforced=False)
+
+    def _open_within(self, outer: "ShareSession") -> None:
+        from ..shares.mps import sm_count_at_share
+        from ..shares.pinning import pinned_env
+
+        if self.share.kind == "cpu":
+            self.pinned = pinned_env(self.share, cores=outer.pinned.cores[:len(self.share.cpu_cores())])
+            return
+        self.mps, self.enforced = outer.mps, outer.enforced
+        self.pinned = pinned_env(self.share, mps_env=self.mps.env() if self.mps else None, enforced=self.enforced)
+        if self.enforced:
+            self.sm_count = sm_count_at_share(self.share, self.pinned.env)
 
     def __exit__(self, *exc) -> None:
         self._stack.close()  # the daemon (stopped if no other job uses it), then the booking

@@ -1,0 +1,65 @@
+"""Measure every share (issue 15): one search for several shares, each candidate built once and
+measured at every share, each share's database with its own timings; the share-robust artifact."""
+import collections
+import json
+import os
+
+from tunekit.records.jsonl import read_records, read_workloads
+from tunekit.testing import run_cli
+
+
+def _timings(db_dir) -> dict:
+    """(workload hash, trace) -> run_secs of every trial in a database."""
+    workloads = read_workloads(str(db_dir))
+    return {(workloads[r.workload][0], r.trace_text()): r.run_secs for r in read_records(str(db_dir))}
+
+
+def test_one_search_measures_every_candidate_at_every_share_into_each_shares_database(example_model, tmp_path):
+    out = tmp_path / "o"
+    proc = run_cli("tune", example_model, "--cpu-pct", "50,100", "--trials", "12", "--trials-per-iter", "4",
+                   "--robust", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["search"] == "one search, every candidate measured at every share"
+    half, full = _timings(out / "records-cpu50"), _timings(out / "records-cpu100")
+    # The same candidates (exactly the budget, none twice) at both shares ...
+    assert set(half) == set(full) and len(half) == 12
+    for db in ("records-cpu50", "records-cpu100"):
+        traces = collections.Counter(r.trace_text() for r in read_records(str(out / db)))
+        assert max(traces.values()) == 1
+    # ... each with the time measured at that share, not one time copied to both.
+    assert all(half[key] != full[key] for key in half)
+    per_share = report["per_share"]
+    for label in ("cpu50", "cpu100"):
+        assert per_share[label]["trials"]["measured"] == 12
+        assert per_share[label]["phases"]["proposed_by"]["cpu100"] >= 1
+        assert per_share[label]["phases"]["proposed_by"]["cpu50"] >= 1  # both shares' searches steered it
+        assert os.path.exists(per_share[label]["artifact"])
+    # The share-robust artifact: measured at every share next to every share's own artifact.
+    robust = report["robust"]
+    assert os.path.exists(robust["artifact"]) and robust["artifact"].endswith("-robust.so")
+    assert set(robust["matrix"]) == {"cpu50", "cpu100", "robust"}
+    for name, row in robust["matrix"].items():
+        assert set(row["regret"]) == {"cpu50", "cpu100"}
+        assert row["worst_regret"] == max(row["regret"].values())
+    assert robust["matrix"]["cpu50"]["regret"]["cpu50"] == 1.0  # a share's own artifact is its reference
+    assert robust["tasks"] and all(t["worst_regret"] >= 1.0 for t in robust["tasks"])
+
+
+def test_search_per_share_keeps_one_search_each(example_model, tmp_path):
+    out = tmp_path / "o"
+    proc = run_cli("tune", example_model, "--cpu-pct", "50,100", "--trials", "4", "--trials-per-iter", "4",
+                   "--search-per-share", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["search"] == "one search per share"
+    for label in ("cpu50", "cpu100"):
+        assert "proposed_by" not in report["per_share"][label]["phases"]
+        assert len(_timings(out / f"records-{label}")) == 4
+
+
+def test_robust_needs_several_shares_measured_by_one_search(example_model, tmp_path):
+    for extra in (["--cpu-pct", "50"], ["--cpu-pct", "50,100", "--search-per-share"]):
+        proc = run_cli("tune", example_model, *extra, "--robust", "--out", tmp_path / "o")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")], proc.stderr
