@@ -76,6 +76,50 @@ PY
       --results "$R/coordinator_scaling_${MODEL:-resnet18}_gpu${PCT:-40}.md" 2>&1 | tail -20
     cp "$R"/coordinator_scaling_* "$OUT"/
     ;;
+  ms)
+    # Issue 15 (and 14's warm start) on ResNet-18: STEP=a|b|c, one device call each, back to back
+    # (the machine keeps /tmp/ms while warm). Results in $R, copied to $OUT.
+    R=${RESULTS:-benchmarks/results/h100-resnet18-multi-share}; mkdir -p /tmp/vs /tmp/ms "$R"
+    [ -f /tmp/vs/resnet18.onnx ] || python3 benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
+    MS="python3 benchmarks/multi_share.py run --model /tmp/vs/resnet18.onnx --pcts 20,40,100 --trials ${TRIALS:-64}
+        --trials-per-iter 16 --work /tmp/ms --timeout-s ${SETUP_S:-420} --results $R"
+    case "${STEP:-a}" in
+      a) $MS --setups every,alone40 ;;
+      b) $MS --setups alone100,alone20
+         timeout 200 python3 benchmarks/measure_noise.py --out-dir /tmp/ms/every --kind gpu --pcts 20,40,100 \
+           --candidates 24 --rounds 3 --results "$R/measure_noise.md" 2>&1 | tail -25 ;;
+      c) timeout 300 python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${TRIALS:-64} \
+           --trials-per-iter 16 --warm-start /tmp/ms/alone100 --out /tmp/ms/warm40 --json > /tmp/ms/warm40.json \
+           2> /tmp/ms/warm40.log; echo "warm40 rc=$?"; tail -2 /tmp/ms/warm40.log
+         python3 benchmarks/warm_start_curve.py --cold /tmp/ms/alone40 --warm /tmp/ms/warm40 --share gpu40 \
+           --results "$R/warm_start.md" 2>&1 | tail -12
+         cp /tmp/ms/warm40/report.json "$R/warm40_report.json" 2>/dev/null ;;
+    esac
+    python3 benchmarks/multi_share.py summarize --results "$R" > /dev/null 2>&1
+    for f in /tmp/ms/*/report.json; do d=$(basename $(dirname $f)); cp "$f" "$R/${d}_report.json"; done
+    cp -r "$R" "$OUT"/
+    ;;
+  jobs)
+    # Two tunekit jobs on one GPU at 40% + 40% (the ledger, one MPS daemon, the measurement lock), then a
+    # third at 40% that the ledger refuses while both run; pytest -m gpu after.
+    mkdir -p /tmp/vs /tmp/jobs; [ -f /tmp/vs/resnet18.onnx ] || python3 benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
+    [ -f /tmp/vs/mobilenet_v2.onnx ] || python3 benchmarks/torch_models.py export --model mobilenet_v2 --out /tmp/vs/mobilenet_v2.onnx
+    for m in resnet18 mobilenet_v2; do
+      timeout 300 python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${TRIALS:-32} --trials-per-iter 16 \
+        --out /tmp/jobs/$m --json > /tmp/jobs/$m.json 2> /tmp/jobs/$m.log & sleep 5
+    done
+    sleep 20; python3 -c "import json,tunekit.shares.ledger as l; print(json.dumps(l.snapshot(), indent=1)[:1500])"
+    timeout 60 python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials 4 --out /tmp/jobs/third 2>&1 | tail -2
+    wait; for m in resnet18 mobilenet_v2; do python3 - /tmp/jobs/$m.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["report"]
+e = r["environment"]
+print(r["model"], "sm_count", e.get("sm_count_at_share"), "daemon started here", e.get("mps_daemon_started_here"),
+      "tuned", r["latency_ms"]["tuned"]["median_ms"], "trials", r["trials"], "lock", r["phases"]["total_s"].get("lock_wait_s"))
+PY
+    done; mkdir -p "$OUT/jobs"; cp /tmp/jobs/*.json "$OUT/jobs/"; tail -3 /tmp/jobs/*.log
+    timeout 420 python3 -m pytest -q -m gpu tests 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
+    ;;
   share)
     # Issue 5's matrix; resumable across calls: the results dir travels back as a tarball.
     R=benchmarks/results/share-sensitivity-h100

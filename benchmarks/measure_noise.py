@@ -80,6 +80,7 @@ def records_dir(out_dir: str, label: str | None) -> tuple[str, str]:
 def pick_records(path: str, count: int) -> list:
     """Distinct successful records, the fastest of each workload first, round-robin over workloads."""
     per_workload, seen = {}, set()
+    import_for_target("cuda")  # a CUDA trace names tensor intrinsics: registered before it is parsed
     for record in open_database(path, read_only=True).get_all_tuning_records():
         us = mean_run_us(record.run_secs)
         workload = tvm_ffi.structural_hash(record.workload.mod)
