@@ -14,12 +14,17 @@ def _timings(db_dir) -> dict:
     return {(workloads[r.workload][0], r.trace_text()): r.run_secs for r in read_records(str(db_dir))}
 
 
+def _tune_two_shares(model, out, *flags, trials: int) -> dict:
+    """`tunekit tune` at cpu50 and cpu100 in one run; its report.json."""
+    proc = run_cli("tune", model, "--cpu-pct", "50,100", "--trials", str(trials), "--trials-per-iter", "4", *flags,
+                   "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["report"]
+
+
 def test_one_search_measures_every_candidate_at_every_share_into_each_shares_database(example_model, tmp_path):
     out = tmp_path / "o"
-    proc = run_cli("tune", example_model, "--cpu-pct", "50,100", "--trials", "12", "--trials-per-iter", "4",
-                   "--robust", "--out", out, "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)["report"]
+    report = _tune_two_shares(example_model, out, "--robust", trials=12)
     assert report["search"] == "one search, every candidate measured at every share"
     half, full = _timings(out / "records-cpu50"), _timings(out / "records-cpu100")
     # The same candidates (exactly the budget, none twice) at both shares ...
@@ -48,10 +53,7 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
 
 def test_search_per_share_keeps_one_search_each(example_model, tmp_path):
     out = tmp_path / "o"
-    proc = run_cli("tune", example_model, "--cpu-pct", "50,100", "--trials", "4", "--trials-per-iter", "4",
-                   "--search-per-share", "--out", out, "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)["report"]
+    report = _tune_two_shares(example_model, out, "--search-per-share", trials=4)
     assert report["search"] == "one search per share"
     for label in ("cpu50", "cpu100"):
         assert "proposed_by" not in report["per_share"][label]["phases"]

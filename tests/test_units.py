@@ -180,14 +180,20 @@ def test_compare_shares_counts_tasks_whose_best_differs():
     a = _result("cpu50", 2.0, 1.0, [{"name": "conv", "workload_hash": "h1", "tuned_us": 10.0},
                                      {"name": "dense", "workload_hash": "h2", "tuned_us": 5.0},
                                      {"name": "pool", "workload_hash": "h3", "tuned_us": None},
-                                     {"name": "relu", "tuned_us": 1.0}])
+                                     {"name": "relu", "tuned_us": 1.0},
+                                     {"name": "add", "workload_hash": "h4", "tuned_us": 4.0, "best_trace": "t1"},
+                                     {"name": "mul", "workload_hash": "h5", "tuned_us": 3.0, "best_trace": "t2"}])
     b = _result("cpu100", 1.5, 0.5, [{"name": "conv", "workload_hash": "h1", "tuned_us": 7.0},
                                       {"name": "dense", "workload_hash": "h2", "tuned_us": 5.0},
                                       {"name": "pool", "workload_hash": "h3", "tuned_us": 3.0},
-                                      {"name": "relu", "tuned_us": 2.0}])
+                                      {"name": "relu", "tuned_us": 2.0},
+                                      {"name": "add", "workload_hash": "h4", "tuned_us": 6.0, "best_trace": "t1"},
+                                      {"name": "mul", "workload_hash": "h5", "tuned_us": 3.0, "best_trace": "t3"}])
     report = compare_shares([a, b])
-    # conv (10 vs 7) and relu (keyed by name: 1 vs 2) differ; dense is equal; pool is tuned at one share only
-    assert report["tasks_whose_best_differs"] == 2
+    # conv (10 vs 7) and relu (keyed by name: 1 vs 2) differ; dense is equal; pool is tuned at one share only;
+    # with trace keys (measure every share) the schedule decides: add is one schedule timed at two shares,
+    # mul two schedules that happen to time alike
+    assert report["tasks_whose_best_differs"] == 3
     by_name = {t["name"]: t for t in report["tasks_best_us"]}
     assert by_name["conv"] == {"name": "conv", "cpu50": 10.0, "cpu100": 7.0}
     assert [r["share"] for r in report["shares"]] == ["cpu50", "cpu100"]  # in the order given

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -104,30 +105,39 @@ class BuildPool(PyBuilder):
         os.makedirs(self.artifact_dir, exist_ok=True)
         self.last_timings: list[BuildTiming] = []
         self.profile = ProfileTotals()  # where build time went, over every candidate built
+        self._profile_lock = threading.Lock()
         self._pool = PopenPoolExecutor(max_workers=self.workers, timeout=timeout_s, initializer=_worker_init,
                                        initargs=(cores, cuda_aot), maximum_process_uses=_RECYCLE_AFTER)
         # Start every worker now (TVM import ~1-2 s each) so the first batch does not wait for it.
         self._warm = [self._pool.submit(os.getpid) for _ in range(self.workers)]
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
-        from tvm.support.popen_pool import StatusKind
-
+        """The whole batch (MetaSchedule's Builder interface): every result once the slowest is built."""
         results, timings = [], []
-        jobs = [(inp.mod, inp.target, self.artifact_dir) for inp in build_inputs]
-        for outcome in self._pool.map_with_error_catching(lambda job: _build_one(*job), jobs):
-            if outcome.status == StatusKind.COMPLETE:
-                path, secs, profile = outcome.value
-                self.profile.add(profile)
-                results.append(BuilderResult(path, None))
-                timings.append(BuildTiming(secs, True))
-            elif outcome.status == StatusKind.TIMEOUT:
-                results.append(BuilderResult(None, f"tunekit BuildPool: timeout, killed after {self.timeout_s} s"))
-                timings.append(BuildTiming(self.timeout_s, False))
-            else:
-                results.append(BuilderResult(None, f"tunekit BuildPool: build failed\n{outcome.value}"))
-                timings.append(BuildTiming(0.0, False))
+        for future in self.submit(build_inputs):
+            result, timing = self.collect(future)
+            results.append(result)
+            timings.append(timing)
         self.last_timings = timings
         return results
+
+    def submit(self, build_inputs: list[BuilderInput]) -> list:
+        """One future per candidate, done as soon as that candidate is built (streaming: the search
+        loop hands each to a runner at once instead of waiting for the batch's slowest)."""
+        return [self._pool.submit(_build_one, inp.mod, inp.target, self.artifact_dir) for inp in build_inputs]
+
+    def collect(self, future) -> tuple[BuilderResult, BuildTiming]:
+        """The BuilderResult of a finished `submit` future (a timeout or a failure is a result too)."""
+        try:
+            path, secs, profile = future.result()
+        except TimeoutError:
+            return (BuilderResult(None, f"tunekit BuildPool: timeout, killed after {self.timeout_s} s"),
+                    BuildTiming(self.timeout_s, False))
+        except Exception as exc:  # the worker's exception (or its death), as stock's map_with_error_catching
+            return BuilderResult(None, f"tunekit BuildPool: build failed\n{exc}"), BuildTiming(0.0, False)
+        with self._profile_lock:  # collected from several stage threads
+            self.profile.add(profile)
+        return BuilderResult(path, None), BuildTiming(secs, True)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)

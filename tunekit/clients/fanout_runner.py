@@ -5,6 +5,8 @@ a tuning client measures on all of them through one of these. Each child is a Se
 """
 from __future__ import annotations
 
+import threading
+
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner
 
@@ -20,10 +22,15 @@ class FanoutRunner(PyRunner):
         self.runners = runners
         self.timings: dict = {}
         self._outstanding: list[list] = [[] for _ in runners]  # futures handed out, per runner
+        self._lock = threading.Lock()  # the search loop's stage threads hand candidates in concurrently
         for runner in runners:  # one dict: the tuning loop reads timings by artifact path
             runner.timings = self.timings
 
     def run(self, runner_inputs):
+        with self._lock:
+            return self._run(runner_inputs)
+
+    def _run(self, runner_inputs):
         futures = []
         self._outstanding = [[f for f in mine if not f.done()] for mine in self._outstanding]
         alive = [i for i, r in enumerate(self.runners) if getattr(r, "fatal", None) is None] or [0]

@@ -4,8 +4,9 @@
 database already holds on resume. This loop drives the same TuneContexts (evolutionary search,
 XGBoost cost model, database) but:
 - pipelines: while batch N is built (on the build pool) and measured (on the servers), batch N+1
-  (another task) is searched; it only does so when the builders do not share cores with the
-  share being measured;
+  (another task) is searched and its builds start; it only does so when the builders do not share
+  cores with the share being measured;
+- streams: each candidate goes to a runner as soon as it is built, not when its batch is;
 - never measures a candidate twice: a candidate whose trace is already in the database (this run
   or a run being resumed) is answered from the record;
 - commits every measured trial to the database as it completes (clients.callbacks);
@@ -40,7 +41,7 @@ log = logging.getLogger("tunekit.search")
 @dataclass
 class PhaseTimes:
     search_s: float = 0.0  # generating candidates (evolutionary search + cost model), main thread
-    build_s: float = 0.0   # the stage thread building batches (parallel workers); overlaps search
+    build_s: float = 0.0   # stage threads building batches (parallel workers), summed; overlaps search
     load_s: float = 0.0    # summed over candidates: upload + dlopen on the server
     run_s: float = 0.0     # summed over candidates: argument fill + timing on the server
     wait_s: float = 0.0    # main thread blocked on a batch (its build or its measurements)
@@ -292,21 +293,25 @@ class SearchLoop:
             self.phases.search_s += time.perf_counter() - t
 
     def _build_and_submit(self, batch: _Batch):
-        """Stage thread: build the batch's fresh candidates, hand the built ones to the runner."""
+        """Stage thread: build the batch's fresh candidates and hand each to the runner as soon as it is
+        built (no batch barrier between building and measuring; with two stage threads the next
+        batch's builds also start while this one's slowest candidate still builds)."""
         from tvm.s_tir.meta_schedule.builder import BuilderInput
         from tvm.s_tir.meta_schedule.runner import RunnerInput
 
         t = time.perf_counter()
-        built = self.builder.build([BuilderInput(batch.candidates[j].sch.mod, self.req.target)
-                                    for j in batch.fresh]) if batch.fresh else []
-        build_s = time.perf_counter() - t
-        inputs, slots = [], []
-        for slot, (j, result) in enumerate(zip(batch.fresh, built)):
-            if result.error_msg is None:
-                inputs.append(RunnerInput(result.artifact_path, self.device_type, batch.candidates[j].args_info))
-                slots.append(slot)
-        futures = self.runner.run(inputs) if inputs else []
-        return built, dict(zip(slots, futures)), build_s
+        pending = self.builder.submit([BuilderInput(batch.candidates[j].sch.mod, self.req.target)
+                                       for j in batch.fresh]) if batch.fresh else []
+        slot_of = {future: slot for slot, future in enumerate(pending)}
+        built, runs = [None] * len(pending), {}
+        for future in concurrent.futures.as_completed(pending):
+            slot = slot_of[future]
+            built[slot], _ = self.builder.collect(future)
+            if built[slot].error_msg is None:
+                j = batch.fresh[slot]
+                runs[slot] = self.runner.run([RunnerInput(built[slot].artifact_path, self.device_type,
+                                                          batch.candidates[j].args_info)])[0]
+        return built, runs, time.perf_counter() - t
 
     def _results_by_share(self, future) -> dict:
         """{share label: RunnerResult} of one candidate (a MultiShareRunner's future has one per share)."""
@@ -454,7 +459,7 @@ class SearchLoop:
 
     def run(self) -> LoopOutcome:
         started = time.perf_counter()
-        stage = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-build")
+        stage = concurrent.futures.ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="tunekit-build")
         in_flight: collections.deque[_Batch] = collections.deque()
         try:
             spent = self._before_search(stage)

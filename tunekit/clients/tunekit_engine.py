@@ -130,10 +130,11 @@ class TunekitEngine:
         from .search_loop import SearchRequest
 
         first, others = shares[0], shares[1:]
-        sources = warm_start.open_sources(config.warm_start)
         engine = make_engine(target=target, measurement=first.measurement, config=config, work_dir=work_dir,
                              other_shares={s.label: s.measurement for s in others})
         try:
+            # After make_engine: a CUDA record names tensor intrinsics (wmma_*), which it registers.
+            sources = warm_start.open_sources(config.warm_start)
             models = {s.label: (engine.cost_model if s is first else engine.share_cost_models[s.label])
                       for s in shares}
             loaded = {s.label: _load_cost_model(models[s.label], s.records_dir, config) for s in shares}

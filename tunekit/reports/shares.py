@@ -10,15 +10,16 @@ def compare_shares(results) -> dict:
              "tuning_wall_s": r.report.get("tuning_wall_s"), "records_dir": r.records_dir,
              "artifact": r.artifact, "report": r.report_path} for r in results]
     per_task: dict[str, dict] = {}
+    best_of: dict[str, dict] = {}  # task -> {share: its best trace key (its latency where there is none)}
     for r in results:
         for task in r.report.get("tasks", []):
             entry = per_task.setdefault(task.get("workload_hash") or task["name"], {"name": task["name"]})
             entry[r.share] = task.get("tuned_us")
-            entry.setdefault("best_trace", {})[r.share] = task.get("best_trace") or task.get("tuned_us")
+            key = task.get("workload_hash") or task["name"]
+            best_of.setdefault(key, {})[r.share] = task.get("best_trace") or task.get("tuned_us")
     # A task's best differs when another schedule won at another share (its trace key; the latency
     # where the report has no trace key).
-    differing = [t for t in per_task.values()
-                 if len({v for v in t["best_trace"].values() if v is not None}) > 1]
+    differing = [key for key, best in best_of.items() if len({v for v in best.values() if v is not None}) > 1]
     lines = ["| share | untuned ms | tuned ms | speedup | trials | tuning s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['share']} | {r['untuned_ms']} | {r['tuned_ms']} | {r['speedup']} | {r['trials']} | "
               f"{r['tuning_wall_s']} |" for r in rows]

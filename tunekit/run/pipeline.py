@@ -49,6 +49,7 @@ class Pipeline:
         self.started = time.time()
         self.steps: dict[str, float] = {}
         self.robust: dict | None = None  # --robust: the share-robust artifact and its regret matrix
+        self._untuned_builds: dict[tuple, str] = {}  # (prepared module, target, graphs) -> untuned .so
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -86,16 +87,29 @@ class Pipeline:
                  what: str) -> Measured:
         """Compile (with `database`'s records), time at the share, compare outputs to the reference,
         and refuse in one line an artifact past its precision's bound."""
-        from ..clients.compiler import compile_and_export
         from ..servers.latency import measure_latency
 
-        compile_and_export(prepared_mod=job.prepared, target=job.target, database=database, path=path,
-                           cuda_graph=cuda_graph)
+        self._compile(job, path=path, database=database, cuda_graph=cuda_graph)
         latency, outputs = measure_latency(artifact=path, inputs=self.sample, pinned=session.pinned,
                                            repeats=self.config.measure_repeats)
         rows = numerics.compare_outputs(self.output_names, outputs, self.reference)
         numerics.check(rows, precision=job.precision, what=what, bound=self._bound(job))
         return Measured(path, latency, rows)
+
+    def _compile(self, job: ShareJob, *, path: str, database, cuda_graph) -> None:
+        """Compile `job.prepared` with `database`'s records. Without records the build depends only on
+        the prepared module and the target, so shares that share both (a GPU's shares) compile it once."""
+        from ..clients.compiler import compile_and_export
+
+        key = (id(job.prepared), str(job.target.export()), cuda_graph)
+        if database is None and key in self._untuned_builds:
+            shutil.copyfile(self._untuned_builds[key], path + ".tmp")
+            os.replace(path + ".tmp", path)
+            return
+        compile_and_export(prepared_mod=job.prepared, target=job.target, database=database, path=path,
+                           cuda_graph=cuda_graph)
+        if database is None:
+            self._untuned_builds[key] = path
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
         bound = numerics.BOUNDS[job.precision]
