@@ -133,10 +133,6 @@ def tune_for_slo(model: str, *, slo_ms: float, gpu_pct=None, cpu_pct=None, trial
     log.info("slo %.4g ms: candidates %s (untuned %s)", slo, [s.label for s in shares],
              ", ".join(f"{k} {v:.4g} ms" for k, v in untuned.items()))
     _write_summary(result)
-    # MetaSchedule's first TuneContext sets its logger to DEBUG (the console handler keeps the level the
-    # logger had before); without restoring it, every tune after the first prints XGBoost's tables.
-    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
-    ms_level = ms_logger.level
 
     for share, cand in zip(shares, candidates):
         if result.met:
@@ -151,7 +147,6 @@ def tune_for_slo(model: str, *, slo_ms: float, gpu_pct=None, cpu_pct=None, trial
             continue
         share_out = os.path.join(out, share.label)
         log.info("slo: tuning at %s (%d trials) into %s", share.label, config.trials, share_out)
-        ms_logger.setLevel(ms_level)
         tuned = tune(model, **_pct_kwargs(share), out=share_out, config=config, show_progress=show_progress)
         met = tuned.tuned_ms <= slo
         row = {"share": share.label, "pct": share.pct, "untuned_ms": tuned.untuned_ms, "tuned_ms": tuned.tuned_ms,

@@ -15,6 +15,7 @@ import types
 
 _PACKAGE = "tvm.s_tir.tensor_intrin"
 _BY_TARGET_KIND = {"cuda": ("cuda",), "llvm": ("x86", "arm_cpu")}
+_CONSOLE_LEVEL: int | None = None  # MetaSchedule's console level (prepare_metaschedule_logging)
 
 
 def prepare_metaschedule_logging() -> None:
@@ -28,11 +29,15 @@ def prepare_metaschedule_logging() -> None:
     for handler in list(ms_logger.handlers):
         if not handler.get_name():
             ms_logger.removeHandler(handler)
-    # MetaSchedule gives its console handler the level its logger has when the first TuneContext is
-    # made, DEBUG if unset: every XGBoost round on the user's terminal (its log files under
-    # <out>/work/logs keep them). A level the user set is kept.
-    if ms_logger.level == logging.NOTSET:
-        ms_logger.setLevel(logging.WARNING)
+    # MetaSchedule gives its console handler the level its logger has each time it makes a set of
+    # TuneContexts, DEBUG if unset: every XGBoost round on the user's terminal (its log files under
+    # <out>/work/logs keep them). Its dictConfig then leaves that logger at DEBUG, so the second set
+    # (another share's, a client's next round) would print them: the level is set again before each
+    # set, to what the user had set before tunekit first ran, else WARNING.
+    global _CONSOLE_LEVEL
+    if _CONSOLE_LEVEL is None:
+        _CONSOLE_LEVEL = ms_logger.level if ms_logger.level != logging.NOTSET else logging.WARNING
+    ms_logger.setLevel(_CONSOLE_LEVEL)
 
 
 def import_for_target(kind: str) -> None:

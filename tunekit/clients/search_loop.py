@@ -33,6 +33,7 @@ from ..records.baselines import workload_key
 from ..frontend.tasks import task_family, task_flops
 from ..records.database import commit_workload_durably, mean_run_us
 from . import callbacks
+from .intrinsics import prepare_metaschedule_logging
 from .scheduler import TaskScheduler, TaskState, mark_negligible
 
 log = logging.getLogger("tunekit.search")
@@ -229,6 +230,7 @@ class SearchLoop:
         strategy = ms.search_strategy.EvolutionarySearch(population_size=config.population,
                                                          genetic_num_iters=config.genetic_iters_for(kind),
                                                          init_min_unmeasured=config.init_samples_for(kind))
+        prepare_metaschedule_logging()  # every set of TuneContexts: MetaSchedule's console stays quiet
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             extracted, req.work_dir, strategy=strategy, num_threads=self.search_threads, seed=config.seed)
         known = _records_by_workload(lane.database)
