@@ -113,9 +113,9 @@ def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str |
                         show_progress=show_progress)
     results = pipeline.run()
     report = compare_shares(results)
-    report["search"] = ("one search, every candidate measured at every share"
-                        if not config.search_per_share and coordinator is None and config.engine == "tunekit"
-                        and len(shares) > 1 else "one search per share")
+    # What the executor did, read from its outcome (the shares' searches proposed in turns), not re-derived here.
+    together = any("proposed_by" in r.report.get("phases", {}) for r in results)
+    report["search"] = "one search, every candidate measured at every share" if together else "one search per share"
     if pipeline.robust is not None:
         report["robust"] = pipeline.robust
     return SharesResult(out_dir=out, report_path=write_report(report, out), results=results, report=report)
