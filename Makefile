@@ -10,12 +10,16 @@ STAMP := $(VENV)/.installed
 # see (tests/conftest.py). In the venv, `import tvm` would import it in every server and worker.
 # `+cpu` matches only the CPU wheel (never PyPI's CUDA build); without it those tests are skipped.
 TORCH_SITE := .torchsite
+# NVRTC without a GPU: tests/test_cuda_compile.py compiles CUDA sources with it. Kept out of the venv,
+# where cuda-bindings would make a CPU machine look ready for --gpu-pct (the `gpu` extra's check).
+NVRTC_SITE := .nvrtcsite
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	-$(BIN)/pip install -q --target $(TORCH_SITE) 'torch==2.13.0+cpu'
+	-$(BIN)/pip install -q --target $(NVRTC_SITE) 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -34,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/tuning_time.py
 
 clean:
-	rm -rf tunekit-out .pytest_cache $(TORCH_SITE)
+	rm -rf tunekit-out .pytest_cache $(TORCH_SITE) $(NVRTC_SITE)

@@ -120,6 +120,42 @@ PY
     done; mkdir -p "$OUT/jobs"; cp /tmp/jobs/*.json "$OUT/jobs/"; tail -3 /tmp/jobs/*.log
     timeout 420 python3 -m pytest -q -m gpu tests 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
     ;;
+  build)
+    # Issue 14: pytest -m gpu; the lean NVRTC compile against TVM's on the same candidates
+    # (benchmarks/build_compile.py); then a held-out ResNet-18 at 40% for TRIALS trials (per-trial phases).
+    mkdir -p /tmp/vs; [ -f /tmp/vs/resnet18.onnx ] || python3 benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
+    timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tail -8 | tee "$OUT/pytest_gpu.txt"
+    R=${RESULTS:-benchmarks/results/h100-build-compile}
+    timeout 200 python3 benchmarks/build_compile.py --model /tmp/vs/resnet18.onnx --candidates ${CANDIDATES:-64} \
+      --out $R 2>&1 | grep -v "^\[" | tail -12
+    timeout ${TUNE_S:-330} python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${TRIALS:-256} \
+      --trials-per-iter 16 --out /tmp/r18 --json > "$R/r18_${TRIALS:-256}.json" 2> "$R/r18_${TRIALS:-256}.log"
+    echo "tune rc=$?"; tail -2 "$R/r18_${TRIALS:-256}.log"
+    python3 - "$R/r18_${TRIALS:-256}.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["report"]
+p = r["phases"]
+print("trials", r["trials"], "tuning_wall_s", r["tuning_wall_s"], "per trial", round(r["tuning_wall_s"] / max(1, r["trials"]["measured"]), 3),
+      "wall_s", r["wall_s"], "latency", r["latency_ms"]["untuned"]["median_ms"], "->", r["latency_ms"]["tuned"]["median_ms"])
+print("per_trial", json.dumps(p["per_trial_s"])); print("build", json.dumps({k: v for k, v in p["build_profile"].items() if "passes" not in k}))
+print("command_s", json.dumps(r.get("command_s")))
+PY
+    cp -r $R "$OUT"/
+    ;;
+  study)
+    # Issue 15's study, one model per STEP=tune (resumable: TIME_S of tuning per call, until TRIALS per share)
+    # then STEP=matrix (every artifact at 20/40/60/100). The work dir travels back as $OUT/study-<model>.tgz.
+    M=${MODEL:-resnet18}; W=/tmp/study/$M; mkdir -p /tmp/vs /tmp/study
+    [ -f /tmp/vs/$M.onnx ] || python3 benchmarks/torch_models.py export --model $M --out /tmp/vs/$M.onnx
+    [ -d $W ] || { [ -f study-$M.tgz ] && tar xzf study-$M.tgz -C /tmp/study; }
+    case "${STEP:-tune}" in
+      tune) timeout ${CALL_S:-560} python3 -m tunekit.cli tune /tmp/vs/$M.onnx --gpu-pct 20,40,100 --robust \
+              --trials ${TRIALS:-1000} --trials-per-iter 16 --time-budget ${TIME_S:-360} --resume ${EXTRA:-} \
+              --out $W --json > $W.json 2> $W.log; echo "study tune rc=$?"; tail -4 $W.log ;;
+      matrix) python3 benchmarks/share_study.py matrix --work $W --pcts 20,40,60,100 2>&1 | tail -20 ;;
+    esac
+    tar czf "$OUT/study-$M.tgz" -C /tmp/study $M $M.json $M.log 2>/dev/null; ls -la "$OUT"
+    ;;
   share)
     # Issue 5's matrix; resumable across calls: the results dir travels back as a tarball.
     R=benchmarks/results/share-sensitivity-h100

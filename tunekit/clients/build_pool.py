@@ -9,9 +9,9 @@ its own worker process (PopenPoolExecutor restarts it on the next submit).
 The builder also finishes the artifact so that the runner only loads and runs it:
 - CPU: the module is linked into a shared library here (stock exports a tar that the runner
   server links with the system compiler inside the timed session).
-- CUDA: `tvm.support.nvcc` registers `tvm_callback_cuda_compile` when imported, and the codegen
-  then embeds a cubin compiled by NVRTC in the builder; without it the module carries CUDA
-  source that NVRTC compiles when the runner loads it (~0.8 s per kernel, inside the session).
+- CUDA: `tvm_callback_cuda_compile` is registered (clients.cuda_compile), and the codegen then
+  embeds a cubin compiled by NVRTC in the builder; without it the module carries CUDA source
+  that NVRTC compiles when the runner loads it (~0.8 s per kernel, inside the session).
 """
 from __future__ import annotations
 
@@ -48,11 +48,11 @@ def _worker_init(cores: list[int] | None, cuda_aot: bool) -> None:
     import tvm  # noqa: F401
 
     if cuda_aot:
-        import tvm.support.nvcc  # noqa: F401  (registers tvm_callback_cuda_compile: cubin at build time)
-
         from .build_profile import time_nvrtc
+        from .cuda_compile import install as install_cuda_compile
         from .intrinsics import import_for_target
 
+        install_cuda_compile()  # tvm_callback_cuda_compile: cubin at build time, without libcu++
         import_for_target("cuda")
         time_nvrtc()
 

@@ -12,16 +12,19 @@ import time
 
 _PASS_LINE = re.compile(r"^(\t*)([^:\t]+): (\d+)us \[(\d+)us\]")
 _NVRTC = {"seconds": 0.0, "calls": 0, "source_bytes": 0}
+_TIMED = False  # the callback is wrapped once per process (an ffi Function carries no marker)
 TOP_PASSES = 8
 
 
 def time_nvrtc() -> None:
     """Wrap the CUDA compile callback of this (worker) process so its time is counted."""
+    global _TIMED
     import tvm_ffi
 
     original = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
-    if original is None or getattr(original, "_tunekit_timed", False):
+    if original is None or _TIMED:
         return
+    _TIMED = True
 
     def timed(code):
         started = time.perf_counter()
@@ -32,7 +35,6 @@ def time_nvrtc() -> None:
             _NVRTC["calls"] += 1
             _NVRTC["source_bytes"] += len(code)
 
-    timed._tunekit_timed = True
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", timed, override=True)
 
 
@@ -66,7 +68,10 @@ def build_with_profile(mod, target, export, *, config: dict | None = None):
     from tvm.ir.instrument import PassTimingInstrument
     from tvm.ir.transform import PassContext
 
+    from . import cuda_compile
+
     nvrtc_before = dict(_NVRTC)
+    fallbacks_before = cuda_compile.stats()["fallback"]
     started = time.perf_counter()
     instrument = PassTimingInstrument()
     current = PassContext.current()
@@ -83,7 +88,7 @@ def build_with_profile(mod, target, export, *, config: dict | None = None):
     return result, {"total_s": done - started, "passes_s": total_passes, "nvrtc_s": nvrtc,
                     "codegen_s": max(0.0, built - started - total_passes - nvrtc), "export_s": done - built,
                     "source_bytes": _NVRTC["source_bytes"] - nvrtc_before["source_bytes"],
-                    "top_passes_s": top}
+                    "nvrtc_fallback": cuda_compile.stats()["fallback"] > fallbacks_before, "top_passes_s": top}
 
 
 class ProfileTotals:
@@ -98,6 +103,7 @@ class ProfileTotals:
         self.unroll: dict[int, int] = {}
         self.retried = 0       # built only with the storage-rewrite workaround (build_pool)
         self.tensor_core = 0   # candidates whose kernel uses tensor-core intrinsics
+        self.nvrtc_fallback = 0  # compiled by TVM's callback: they needed more of libcu++ (cuda_compile)
 
     def add(self, profile: dict) -> None:
         self.count += 1
@@ -109,6 +115,7 @@ class ProfileTotals:
         self.unroll[step] = self.unroll.get(step, 0) + 1
         self.retried += int(profile.get("retried_without_storage_rewrite", False))
         self.tensor_core += int(profile.get("tensor_core", False))
+        self.nvrtc_fallback += int(profile.get("nvrtc_fallback", False))
 
     def summary(self) -> dict:
         """Seconds per built candidate by phase (worker CPU-seconds, not wall), the heaviest passes,
@@ -120,4 +127,5 @@ class ProfileTotals:
                 "top_passes_per_candidate_s": {k: round(v / n, 4) for k, v in
                                                sorted(self.passes.items(), key=lambda kv: -kv[1])[:TOP_PASSES]},
                 "max_unroll_step_candidates": dict(sorted(self.unroll.items())),
-                "tensor_core_candidates": self.tensor_core, "built_without_storage_rewrite": self.retried}
+                "tensor_core_candidates": self.tensor_core, "built_without_storage_rewrite": self.retried,
+                "nvrtc_fallback_candidates": self.nvrtc_fallback}

@@ -72,8 +72,10 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
     if target.kind.name == "cuda":
         # Registers tvm_callback_cuda_compile: the artifact carries cubins compiled here by NVRTC, so
         # loading it (the latency worker, tunekit.load) compiles nothing. Without it every load ran
-        # NVRTC over every kernel. (Where no CUDA driver is, codegen keeps CUDA source instead.)
-        import tvm.support.nvcc  # noqa: F401
+        # NVRTC over every kernel. The same compile as the candidates' (clients.cuda_compile).
+        from .cuda_compile import install as install_cuda_compile
+
+        install_cuda_compile()
     # Untuned functions get the default pipeline (DLight schedules GPU kernels). The CUDA-graph
     # rewrite runs in that pipeline and reads its switch from the PassContext (which
     # ms.relax_integration.compile_relax would drop: it opens a PassContext of its own). A tuned

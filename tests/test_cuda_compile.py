@@ -1,0 +1,129 @@
+"""The lean NVRTC compile (clients/cuda_compile.py) gives the kernels TVM's own NVRTC path gives.
+
+NVRTC needs no GPU: `make test` puts cuda-bindings and NVRTC into .nvrtcsite (not the venv, where
+they would make a CPU machine look ready for --gpu-pct), and the CUDA sources come from compiling
+real models for an sm_90a target on this CPU. Skipped where NVRTC or the CUDA headers are missing.
+"""
+import ctypes
+import glob
+import os
+import re
+import sys
+
+import pytest
+
+_NVRTC_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".nvrtcsite")
+
+
+def _nvrtc_ready() -> str | None:
+    """None when NVRTC and the CUDA headers can be used from this process, else why not."""
+    if os.path.isdir(_NVRTC_SITE) and _NVRTC_SITE not in sys.path:
+        sys.path.append(_NVRTC_SITE)
+        # cuda-bindings finds libnvrtc in site-packages or the system; a --target folder is neither,
+        # so load it first (it then counts as already loaded)
+        for lib in glob.glob(os.path.join(_NVRTC_SITE, "nvidia", "cu*", "lib", "libnvrtc.so.*")):
+            if "builtins" not in lib:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+        from tvm.support.nvcc import find_cuda_path
+
+        def has_headers(root):
+            return os.path.isfile(os.path.join(root, "include", "cuda_runtime.h"))
+
+        if not has_headers(find_cuda_path()):
+            # `which nvcc` can point at a wrapper outside the toolkit; the usual place, if there
+            if not has_headers("/usr/local/cuda"):
+                return "no CUDA headers"
+            os.environ["CUDA_PATH"] = "/usr/local/cuda"
+    except Exception as exc:  # ImportError, a missing libnvrtc, no CUDA toolkit
+        return f"NVRTC unavailable: {str(exc).splitlines()[0][:120]}"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_nvrtc_ready() is not None, reason=str(_nvrtc_ready()))
+
+# libcu++'s static constexpr members: TVM's path emits them as unused device globals, the stand-ins
+# do not declare them. Everything else in the PTX must match.
+_LIBCUXX_GLOBAL = re.compile(r"^\.global .*_ZN4cuda3std")
+
+
+def _kernel_ptx(ptx: bytes) -> str:
+    return "\n".join(line for line in bytes(ptx).decode().splitlines() if not _LIBCUXX_GLOBAL.match(line))
+
+
+def _cuda_sources(example: str, precision: str, tmp_path) -> str:
+    """The CUDA source of a whole example model compiled (untuned, DLight) for an H100 on this CPU."""
+    import tvm
+
+    from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
+    from tunekit.frontend.precision import prepare
+    from tunekit.models.examples import save_example
+
+    model = load_onnx(save_example(example, str(tmp_path / f"{example}.onnx")))
+    target = tvm.target.Target("nvidia/nvidia-h100")
+    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision=precision)
+    with target:
+        executable = tvm.compile(prepared, target=target)
+
+    def modules(mod):
+        yield mod
+        for sub in mod.imports:
+            yield from modules(sub)
+
+    sources = [m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"]
+    assert sources, "no CUDA module in the build"
+    return "\n".join(sources)
+
+
+# What TVM's preambles take from libcu++, used the way generated code (reductions' -INFINITY
+# identities, 64-bit index math, fp16 helper templates) uses it; appended to a real module's source.
+_PREAMBLE_FEATURES = """
+extern "C" __global__ void tk_features(float* f, int64_t* i, uint8_t* u) {
+  f[0] = -INFINITY;
+  f[1] = max(f[2], INFINITY);
+  i[0] = ((int64_t)f[3]) * ((int64_t)threadIdx.x) + INT32_MAX;
+  u[0] = (uint8_t)(i[1] >> 3);
+  f[4] = std::is_same_v<half, __half> ? f[5] : f[6];
+  f[7] = std::is_integral<int64_t>::value + std::is_signed<uint32_t>::value + std::is_floating_point<float>::value;
+}
+"""
+
+
+@pytest.mark.parametrize("example,precision,extra", [("tiny_cnn", "fp16", ""), ("tiny_cnn", "fp32", ""),
+                                                     ("transformer", "fp16", ""),
+                                                     ("tiny_cnn", "fp16", _PREAMBLE_FEATURES)])
+def test_lean_compile_gives_tvms_kernels(example, precision, extra, tmp_path):
+    from tvm.support import nvcc
+
+    from tunekit.clients.cuda_compile import compile_lean
+
+    code = _cuda_sources(example, precision, tmp_path) + extra
+    theirs = nvcc.compile_cuda(code, target_format="ptx", arch="compute_90a", compiler="nvrtc")
+    ours = compile_lean(code, arch="compute_90a", cuda_path=nvcc.find_cuda_path(), target_format="ptx")
+    assert ".entry" in _kernel_ptx(ours)
+    assert _kernel_ptx(ours) == _kernel_ptx(theirs)
+
+
+def test_installed_callback_compiles_lean_and_falls_back_to_tvm():
+    import tvm
+    import tvm_ffi
+
+    from tunekit.clients import cuda_compile
+
+    cuda_compile.install()
+    compile_cuda = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
+    plain = 'extern "C" __global__ void k(float* a) { a[0] = INFINITY; }\n'
+    # more of libcu++ than the stand-ins declare: TVM's own path has to compile it
+    wider = ('#include <cuda/std/limits>\nextern "C" __global__ void k(int* a) '
+             '{ a[0] = cuda::std::numeric_limits<int>::max(); }\n')
+    before = cuda_compile.stats()
+    with tvm.target.Target("nvidia/nvidia-h100"):
+        assert len(bytes(compile_cuda(plain))) > 0
+        middle = cuda_compile.stats()
+        assert len(bytes(compile_cuda(wider))) > 0
+    after = cuda_compile.stats()
+    assert (middle["lean"] - before["lean"], middle["fallback"] - before["fallback"]) == (1, 0)
+    assert (after["lean"] - middle["lean"], after["fallback"] - middle["fallback"]) == (0, 1)
