@@ -39,7 +39,8 @@ def sample_candidates(model_path: str, target, count: int, per_task: int, precis
         if len(picked) >= count:
             break
         ctx = ms.TuneContext(mod=task.dispatched[0], target=target, space_generator="post-order-apply",
-                             search_strategy=ms.search_strategy.EvolutionarySearch(init_min_unmeasured=per_task),
+                             search_strategy=ms.search_strategy.EvolutionarySearch(
+                                 population_size=128, genetic_num_iters=1, init_min_unmeasured=per_task),
                              num_threads=os.cpu_count(), task_name=task.task_name, rand_state=0)
         ctx.pre_tuning(max_trials=per_task, num_trials_per_iter=per_task, design_spaces=ctx.generate_design_space(),
                        database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
