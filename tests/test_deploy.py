@@ -388,3 +388,23 @@ def test_gpu_bench_at_40_sees_fewer_sms(cuda_tiny):
     assert result.p50_ms <= result.p90_ms <= result.p99_ms and result.throughput_per_s > 0
     assert result.sm_count < tvm.cuda(0).multi_processor_count
     assert result.numerics["outputs"][0]["cosine"] > 0.999
+
+
+def test_latency_worker_times_a_slow_model_fewer_times(tiny, tmp_path):
+    """servers.latency_worker: up to REPEATS timed runs, but no more than fit in MAX_TIMING_S, and never
+    fewer than MIN_REPEATS. (A cap below one run's time stands in for a slow model.)"""
+    from tunekit.servers.latency_worker import MIN_REPEATS
+
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, tiny.x)
+
+    def repeats(*cap):
+        proc = subprocess.run([sys.executable, "-m", "tunekit.servers.latency_worker", tiny.artifact, str(inputs),
+                               "cpu", "20", str(tmp_path / "out.npz"), *cap], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])["repeats"]
+
+    assert repeats() == 20
+    assert repeats("60") == 20
+    assert repeats("1e-9") == MIN_REPEATS

@@ -95,3 +95,25 @@ def test_gpu_tune_at_40_percent_sees_fewer_sms(example_model, tmp_path):
     import tvm
 
     assert env["sm_count_at_share"] < tvm.cuda(0).multi_processor_count
+
+
+@pytest.mark.gpu
+def test_gpu_precision_auto_falls_back_to_fp32_when_fp16_is_refused(example_model, tmp_path):
+    """A bound of 1e-5 holds for an fp32 build (rounding: about 1e-7 against onnxruntime) and not for
+    fp16 (about 1e-3): `auto` picks fp16 on a tensor-core GPU, the gate refuses its untuned build, and
+    the share is tuned in fp32; `--precision fp16` with the same bound is refused in one line."""
+    config = tmp_path / "tight.yaml"
+    config.write_text("max_output_error: 1.0e-5\n")
+    proc = run_cli("tune", example_model, "--gpu-pct", "40", "--trials", "4", "--config", config,
+                   "--out", tmp_path / "auto", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["precision"] == "fp32"
+    assert "untuned fp16 model is refused" in report["precision_fallback"]
+    assert report["numerics"]["tuned"][0]["max_rel_err"] <= 1e-5
+    assert json.load(open(tmp_path / "auto" / "records-gpu40" / "tunekit-run.json"))["precision"] == "fp32"
+
+    proc = run_cli("tune", example_model, "--gpu-pct", "40", "--trials", "4", "--config", config,
+                   "--precision", "fp16", "--out", tmp_path / "fp16")
+    assert proc.returncode == 1
+    assert "refused" in proc.stderr and "--precision fp32" in proc.stderr

@@ -81,6 +81,10 @@ def compare_outputs(names: list[str], outputs: list, reference: list) -> list[di
             for name, out, ref in zip(names, outputs, reference)]
 
 
+class NumericsRefused(RunFailed):
+    """An artifact's outputs are past its precision's bound (`check`)."""
+
+
 def check(rows: list[dict], *, precision: str, bound: Bound | None = None, what: str = "the tuned model") -> None:
     """Refuse, in one line, an artifact whose outputs are past the bound of its precision."""
     bound = bound or BOUNDS[precision]
@@ -88,6 +92,6 @@ def check(rows: list[dict], *, precision: str, bound: Bound | None = None, what:
         rel, cosine = row["max_rel_err"], row["cosine"]
         if not (rel <= bound.max_rel_err and cosine >= bound.min_cosine):  # NaN fails too
             way_out = "; tune with --precision fp32" if precision != "fp32" else " (bound: max_output_error)"
-            raise RunFailed(f"{what} is refused: output {row['name']!r} differs from onnxruntime's fp32 by "
+            raise NumericsRefused(f"{what} is refused: output {row['name']!r} differs from onnxruntime's fp32 by "
                             f"{rel:.3g} (max rel error, bound {bound.max_rel_err:g}) with cosine {cosine:.6f} "
                             f"(bound {bound.min_cosine:g}) at {precision}{way_out}")

@@ -15,6 +15,7 @@ callback for everything (the comparison in benchmarks/, or a way out).
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shlex
@@ -226,6 +227,13 @@ def current_arch() -> str:
     return "sm_" + "".join(nvcc.get_target_compute_version(target).split("."))
 
 
+@functools.lru_cache(maxsize=1)
+def _cuda_path() -> str:
+    from tvm.support.nvcc import find_cuda_path
+
+    return find_cuda_path()
+
+
 def install() -> None:
     """Register the lean compile as this process's `tvm_callback_cuda_compile`, in front of TVM's
     (imported here: it registers itself on import), which stays the fallback. Idempotent."""
@@ -240,11 +248,12 @@ def install() -> None:
         return  # the user asked TVM for nvcc: leave it alone
     if os.environ.get("TUNEKIT_CUDA_COMPILE", "lean") == "tvm":
         return  # TVM's own NVRTC path: for comparison (benchmarks/build_compile.py), or as a way out
-    cuda_path = tvm.support.nvcc.find_cuda_path()
 
     def lean(code):
         try:
-            cubin = compile_lean(code, arch=current_arch(), cuda_path=cuda_path)
+            # found at the first compile, not at install: a CPU machine without the toolkit may
+            # still build for a CUDA target (codegen keeps the source when no driver is there)
+            cubin = compile_lean(code, arch=current_arch(), cuda_path=_cuda_path())
         except LeanCompileError:
             with _LOCK:
                 _STATS["fallback"] += 1

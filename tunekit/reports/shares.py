@@ -20,11 +20,33 @@ def compare_shares(results) -> dict:
     # A task's best differs when another schedule won at another share (its trace key; the latency
     # where the report has no trace key).
     differing = [key for key, best in best_of.items() if len({v for v in best.values() if v is not None}) > 1]
+    launches = _launches(results)
+    for key, entry in per_task.items():
+        if key in launches:
+            entry["launch"] = launches[key]
+    launch_differs = [key for key, by_share in launches.items()
+                      if len({(v["blocks"], v["threads"]) for v in by_share.values()}) > 1]
     lines = ["| share | untuned ms | tuned ms | speedup | trials | tuning s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['share']} | {r['untuned_ms']} | {r['tuned_ms']} | {r['speedup']} | {r['trials']} | "
               f"{r['tuning_wall_s']} |" for r in rows]
     return {"model": results[0].report.get("model") if results else None, "shares": rows,
             "tasks_best_us": list(per_task.values()), "tasks_whose_best_differs": len(differing),
+            "tasks_whose_launch_differs": len(launch_differs),
             "table_md": "\n".join(lines),
             "environment": results[0].report.get("environment") if results else None,
             "per_share": {r.share: r.report for r in results}}
+
+
+def _launches(results) -> dict[str, dict]:
+    """{task: {share: blocks, threads and waves on the share's SMs}} of each GPU share's best records:
+    does the best schedule at a small share launch differently from the best at 100%?"""
+    from ..records.launch import best_launches, with_waves
+
+    launches: dict[str, dict] = {}
+    for r in results:
+        if not (r.records_dir and r.share.startswith("gpu")):
+            continue
+        sm_count = (r.report.get("environment") or {}).get("sm_count_at_share")
+        for key, shape in best_launches(r.records_dir).items():
+            launches.setdefault(key, {})[r.share] = with_waves(shape, sm_count)
+    return launches

@@ -50,6 +50,7 @@ class Pipeline:
         self.steps: dict[str, float] = {}
         self.robust: dict | None = None  # --robust: the share-robust artifact and its regret matrix
         self._untuned_builds: dict[tuple, str] = {}  # (prepared module, target, graphs) -> untuned .so
+        self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -62,26 +63,27 @@ class Pipeline:
         jobs = []
         for share in self.shares:
             target = target_for(share)
-            key = str(target.export())
+            db_dir = database_dir(self.out, share.label)
+            wanted = self._precision_for(db_dir)
+            key = (str(target.export()), wanted)
             if key not in prepared_for:  # tasks depend only on the target (CPU: its core count), not the share
-                prepared, precision = prepare(loaded.mod, target, precision=self.config.precision)
+                prepared, precision = prepare(loaded.mod, target, precision=wanted)
                 prepared_for[key] = (prepared, extract_tasks(prepared, target), precision)
             prepared, tasks, precision = prepared_for[key]
-            unscheduled = [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
-            jobs.append(ShareJob(share, target, prepared, unscheduled, database_dir(self.out, share.label), self.out,
-                                 precision=precision))
-            log.info("%s: %d tuning tasks in %s, %d trials at %s", loaded.name, len(unscheduled), precision,
+            jobs.append(ShareJob(share, target, prepared, _unscheduled(tasks), db_dir, self.out, precision=precision))
+            log.info("%s: %d tuning tasks in %s, %d trials at %s", loaded.name, len(jobs[-1].tasks), precision,
                      self.config.trials, share.label)
         return jobs
 
-    def _check_identity(self, job: ShareJob, loaded: LoadedModel) -> None:
+    def _check_identity(self, job: ShareJob, loaded: LoadedModel, *, resume: bool | None = None) -> None:
         from ..records.database import count_trials
         from ..records.identity import check_or_write, run_identity
 
         identity = run_identity(model_sha256=loaded.digest, share_label=job.label, target=job.target,
                                 device=device_name(job.share), input_shapes=loaded.inputs.shapes,
                                 precision=job.precision)
-        check_or_write(job.db_dir, identity, resume=self.config.resume, existing_trials=count_trials(job.db_dir))
+        check_or_write(job.db_dir, identity, resume=self.config.resume if resume is None else resume,
+                       existing_trials=count_trials(job.db_dir))
 
     def _measure(self, job: ShareJob, session: ShareSession, *, path: str, database, cuda_graph=None,
                  what: str) -> Measured:
@@ -95,6 +97,47 @@ class Pipeline:
         rows = numerics.compare_outputs(self.output_names, outputs, self.reference)
         numerics.check(rows, precision=job.precision, what=what, bound=self._bound(job))
         return Measured(path, latency, rows)
+
+    def _measure_untuned(self, job: ShareJob, session: ShareSession, loaded: LoadedModel) -> Measured:
+        """The untuned model at the share, before any tuning. With --precision auto, an fp16 build that
+        the numerics gate refuses (values outside fp16's range: MobileNetV2 with random weights has
+        logits of about 1e-9, which fp16 flushes to zero) is prepared again in fp32, and the share is
+        tuned in fp32; the report says why (`precision_fallback`)."""
+        try:
+            return self._measure(job, session, path=self._untuned_path(job), database=None,
+                                 what=f"the untuned {job.precision} model")
+        except numerics.NumericsRefused as refusal:
+            from ..records.database import count_trials
+
+            # fp16 records already measured for this share stay fp16: no silent switch under them
+            if self.config.precision != "auto" or job.precision == "fp32" or count_trials(job.db_dir):
+                raise
+            log.warning("precision auto: %s; tuning %s in fp32 instead", refusal, job.label)
+            self._prepare_fp32(job, loaded)
+            self.precision_fallbacks[job.label] = str(refusal)
+            return self._measure(job, session, path=self._untuned_path(job), database=None,
+                                 what="the untuned fp32 model")
+
+    def _prepare_fp32(self, job: ShareJob, loaded: LoadedModel) -> None:
+        """`job` with its module, tasks and precision replaced by the fp32 ones (its identity too: the
+        share's records are fp32 records from now on, and a --resume keeps them fp32: _precision_for)."""
+        from ..frontend.precision import prepare
+        from ..frontend.tasks import extract_tasks
+
+        job.prepared, job.precision = prepare(loaded.mod, job.target, precision="fp32")
+        job.tasks = _unscheduled(extract_tasks(job.prepared, job.target))
+        self._check_identity(job, loaded, resume=False)  # no trials yet: the identity is rewritten as fp32
+
+    def _precision_for(self, db_dir: str) -> str:
+        """The precision to prepare a share in: the configured one, except that `auto` keeps an earlier
+        run's fp32 fallback for the records it resumes (they were measured in fp32)."""
+        from ..records.database import count_trials
+        from ..records.identity import read_identity
+
+        if self.config.precision == "auto" and self.config.resume and count_trials(db_dir):
+            if (read_identity(db_dir) or {}).get("precision") == "fp32":
+                return "fp32"
+        return self.config.precision
 
     def _compile(self, job: ShareJob, *, path: str, database, cuda_graph) -> None:
         """Compile `job.prepared` with `database`'s records. Without records the build depends only on
@@ -166,9 +209,7 @@ class Pipeline:
             with self._step("session_s"):
                 sessions = stack.enter_context(self.executor.group_sessions(group))
             with self._step("untuned_s"):
-                untuned = {job.label: self._measure(job, sessions[job.label], path=self._untuned_path(job),
-                                                    database=None, what=f"the untuned {job.precision} model")
-                           for job in group}
+                untuned = {job.label: self._measure_untuned(job, sessions[job.label], loaded) for job in group}
             progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress)
             try:
                 with self._step("tune_s"):
@@ -234,7 +275,8 @@ class Pipeline:
         artifact = os.path.join(self.out, f"{loaded.name}-{job.label}.so")
         records = self._records_to_apply(job, outcome)
         tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
-        extra = {"precision": job.precision, "cuda_graph": uses_cuda_graphs(job.target),
+        extra = {"precision": job.precision, "precision_fallback": self.precision_fallbacks.get(job.label),
+                 "cuda_graph": uses_cuda_graphs(job.target),
                  "numerics": {"bound": self._bound(job).to_dict(), "untuned": untuned.numerics,
                               "tuned": tuned.numerics},
                  "tensor_cores": _tensor_core_counts(outcome.tasks)}
@@ -290,3 +332,8 @@ class Pipeline:
 def _tensor_core_counts(tasks: list[dict]) -> dict:
     return {"tasks": len(tasks), "tasks_tensorized": sum(1 for t in tasks if t.get("best_tensorized")),
             "candidates_tensorized": sum(t.get("tensorized_trials", 0) for t in tasks)}
+
+
+def _unscheduled(tasks: list) -> list:
+    """The tasks that still need a schedule (extraction also lists functions already scheduled)."""
+    return [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]

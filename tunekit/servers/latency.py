@@ -13,6 +13,11 @@ from ..errors import TunekitError
 from ..shares.pinning import PinnedEnv
 
 
+# Up to `repeats` timed runs, but about this long at most (never under latency_worker.MIN_REPEATS runs):
+# a model of a second per run on a small CPU share is timed 5 times, not 20 (tuning is what is slow).
+MAX_TIMING_S = 6.0
+
+
 def measure_latency(*, artifact: str, inputs: dict[str, np.ndarray], pinned: PinnedEnv, repeats: int,
                     timeout_s: float = 600) -> tuple[dict, list[np.ndarray]]:
     device = "cuda" if pinned.share.kind == "gpu" else "cpu"
@@ -20,7 +25,7 @@ def measure_latency(*, artifact: str, inputs: dict[str, np.ndarray], pinned: Pin
         in_path, out_path = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
         np.savez(in_path, **inputs)  # npz keeps insertion order = the model's input order
         proc = subprocess.run([sys.executable, "-m", "tunekit.servers.latency_worker", artifact, in_path, device,
-                               str(repeats), out_path], capture_output=True, text=True, timeout=timeout_s,
+                               str(repeats), out_path, str(MAX_TIMING_S)], capture_output=True, text=True, timeout=timeout_s,
                               **pinned.popen_kwargs())
         if proc.returncode != 0:
             raise TunekitError(f"latency measurement at {pinned.share.label} failed: {proc.stderr.strip()[-400:]}")
