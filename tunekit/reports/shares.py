@@ -1,6 +1,10 @@
 """The report of a run that tuned several shares: each share's result side by side, per task too."""
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 
 def compare_shares(results) -> dict:
     """`results`: TuneResults of one model, one per share. Returns report.json's content."""
@@ -47,6 +51,11 @@ def _launches(results) -> dict[str, dict]:
         if not (r.records_dir and r.share.startswith("gpu")):
             continue
         sm_count = (r.report.get("environment") or {}).get("sm_count_at_share")
-        for key, shape in best_launches(r.records_dir).items():
+        try:
+            shapes = best_launches(r.records_dir)
+        except Exception as exc:  # a report extra: it never fails a run whose artifacts are written
+            log.warning("launch shapes of %s left out: %s", r.share, str(exc).splitlines()[-1][:200] if str(exc) else exc)
+            continue
+        for key, shape in shapes.items():
             launches.setdefault(key, {})[r.share] = with_waves(shape, sm_count)
     return launches
