@@ -155,8 +155,11 @@ PY
     [ -f /tmp/vs/$M.onnx ] || python3 benchmarks/torch_models.py export --model $M --out /tmp/vs/$M.onnx
     [ -d $W ] || { [ -f study-$M.tgz ] && tar xzf study-$M.tgz -C /tmp/study; }
     case "${STEP:-tune}" in
-      tune) timeout ${CALL_S:-560} python3 -m tunekit.cli tune /tmp/vs/$M.onnx --gpu-pct 20,40,100 --robust \
-              --trials ${TRIALS:-1000} --trials-per-iter 16 --time-budget ${TIME_S:-360} --resume ${EXTRA:-} \
+      # A 3-share command spends about 200 s around its tuning, and --robust about 150 s more (measured at
+      # 64 trials): ROBUST=1 only on the last call, so that the other calls tune for most of theirs.
+      tune) timeout ${CALL_S:-580} python3 -m tunekit.cli tune /tmp/vs/$M.onnx --gpu-pct 20,40,100 \
+              $([ "${ROBUST:-0}" = 1 ] && echo --robust) \
+              --trials ${TRIALS:-1000} --trials-per-iter 16 --time-budget ${TIME_S:-300} --resume ${EXTRA:-} \
               --out $W --json > $W.json 2> $W.log; echo "study tune rc=$?"; tail -4 $W.log ;;
       matrix) python3 benchmarks/share_study.py matrix --work $W --pcts 20,40,60,100 2>&1 | tail -20 ;;
     esac
