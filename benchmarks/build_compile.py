@@ -59,8 +59,7 @@ def build_all(candidates, target, mode: str, workers: int) -> dict:
     os.environ["TUNEKIT_CUDA_COMPILE"] = mode  # the pool's workers inherit it when they start
     pool = BuildPool(workers=workers, timeout_s=300.0, cuda_aot=True)
     try:
-        for warm in pool._warm:
-            warm.result()
+        pool.wait_until_warm()
         # One untimed build per worker first: a worker's first build also loads NVRTC and sets up
         # TVM's passes, which a tuning run pays once per worker, not per candidate.
         for future in pool.submit([BuilderInput(candidates[i % len(candidates)][1], target) for i in range(workers)]):

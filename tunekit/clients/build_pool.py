@@ -111,6 +111,11 @@ class BuildPool(PyBuilder):
         # Start every worker now (TVM import ~1-2 s each) so the first batch does not wait for it.
         self._warm = [self._pool.submit(os.getpid) for _ in range(self.workers)]
 
+    def wait_until_warm(self) -> None:
+        """Block until every worker has started (imported TVM): timings after this exclude start-up."""
+        for started in self._warm:
+            started.result()
+
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         """The whole batch (MetaSchedule's Builder interface): every result once the slowest is built."""
         results, timings = [], []
