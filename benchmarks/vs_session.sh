@@ -5,13 +5,16 @@
 #   bash benchmarks/vs_session.sh start resnet18,bert resnet18   # baselines, then tune resnet18 (background)
 #   bash benchmarks/vs_session.sh wait 540                       # let it tune; print progress
 #   bash benchmarks/vs_session.sh finish                         # wait for the tune, bench its artifact
+# VS_FLAGS: more vs_pytorch.py flags (e.g. --variants graphs-fp16); SEED: see below.
 set -uo pipefail
 export PYTHONPATH=/root/site:$PWD CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vs-out}; R=/tmp/vsres; W=/tmp/vs; mkdir -p "$OUT" "$R" "$W"
-VS="python3 benchmarks/vs_pytorch.py --work $W --results $R --pcts ${PCTS:-40,100}"
+VS="python3 benchmarks/vs_pytorch.py --work $W --results $R --pcts ${PCTS:-40,100} ${VS_FLAGS:-}"
 copy() { cp "$R"/* "$OUT"/ 2>/dev/null; cp /tmp/vs-tune.log "$OUT"/ 2>/dev/null; true; }
-# A fresh machine starts from the committed results: steps already measured are not measured again.
-[ -f "$R/vs_pytorch.json" ] || cp benchmarks/results/h100-vs-pytorch/vs_pytorch.json "$R/" 2>/dev/null
+# A fresh machine starts from the committed results (SEED, a results dir; none: measure everything
+# again, e.g. after a change to the compiled models): steps already measured are not measured again.
+SEED=${SEED:-benchmarks/results/h100-vs-pytorch}
+[ -f "$R/vs_pytorch.json" ] || cp "$SEED/vs_pytorch.json" "$R/" 2>/dev/null
 trap copy EXIT
 case "$1" in
   start)

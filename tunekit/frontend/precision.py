@@ -1,7 +1,8 @@
 """The precision a model is tuned and compiled in, and the Relax passes that give it.
 
-fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): convs are converted to NHWC and
-then every conv/matmul takes fp16 inputs and accumulates in fp32 (ToMixedPrecision). The tasks
+fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): parallel matmuls are combined
+(frontend.combine), convs are converted to NHWC, and then the whole model runs in fp16 with every
+conv/matmul accumulating in fp32 (frontend.half; ToMixedPrecision where that cannot). The tasks
 extracted afterwards carry fp16 workloads, which MetaSchedule's `cuda-tensorcore` rules (chosen by
 itself for sm_75+) map onto tensor cores (WMMA 16x16x16 f16·f16->f32); fp32 never does (TVM 0.27
 has no TF32 intrinsic), and tensor-core convs want NHWC. The model's inputs and outputs stay fp32.
@@ -75,14 +76,23 @@ def _clips_to_ops(mod):
 
 def convert(mod, precision: str):
     """The imported Relax module in `precision` (fp32: unchanged). Raises TunekitError when TVM
-    cannot convert it."""
+    cannot convert it. fp16 is the whole model in fp16 with fp32 accumulation (frontend.half); a
+    graph that pass cannot retype gets ToMixedPrecision, which keeps fp32 between the matmuls."""
     if precision == "fp32":
         return mod
     from tvm import relax
 
+    from .combine import combine_parallel_matmuls
+    from .half import NotHalvable, to_half
+
     try:
         mod = _clips_to_ops(mod)
+        mod = combine_parallel_matmuls(mod)
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+        try:
+            return to_half(mod)
+        except NotHalvable as exc:
+            log.info("fp16: %s; fp16 matmul/conv inputs only (ToMixedPrecision)", exc)
         return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
     except Exception as exc:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
