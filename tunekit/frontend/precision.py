@@ -84,9 +84,11 @@ def convert(mod, precision: str):
 
     from .combine import combine_parallel_matmuls
     from .half import NotHalvable, to_half
+    from .reshapes import defer_reshapes
 
     try:
         mod = _clips_to_ops(mod)
+        mod = defer_reshapes(mod)
         mod = combine_parallel_matmuls(mod)
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
         try:
