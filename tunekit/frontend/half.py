@@ -5,8 +5,8 @@ compute their statistics in fp32. The model's inputs and outputs keep their dtyp
 Why not TVM's ToMixedPrecision alone: it decides per op whether to follow its inputs, and a
 transformer's residual stream starts in fp32 (the embedding lookup is never converted), so every
 LayerNorm, residual add and elementwise op after it stayed fp32 and each matmul input needed a
-cast kernel of its own. BERT-base had 36 such casts and 25 fp32 LayerNorms (262 launches; 214 in
-fp16 with the parallel Q/K/V matmuls combined, frontend.combine).
+cast kernel of its own. BERT-base had 36 such casts and 25 fp32 LayerNorms: 262 launches, 202 in
+fp16 with Q/K/V combined (frontend.combine), 166 with the reshapes deferred (frontend.reshapes).
 
 `to_half` raises NotHalvable when the graph has something it cannot retype (an opaque call_tir,
 an op that makes fp32 from nothing); frontend.precision then uses ToMixedPrecision instead.
@@ -14,6 +14,8 @@ an op that makes fp32 from nothing); frontend.precision then uses ToMixedPrecisi
 from __future__ import annotations
 
 import numpy as np
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 F16, F32 = "float16", "float32"
 FP16_MAX = 65504.0  # fp32 constants beyond it (attention masks' -3.4e38) become the fp16 extreme, not inf
@@ -34,7 +36,6 @@ def _dtype(expr):
 
 def _accumulating_attrs(call):
     """`call`'s attrs with out_dtype float32 (the ops' own constructors make the attrs node)."""
-    from tvm import relax
 
     dummy = [relax.Var(n, relax.TensorType([1] * call.args[0].ty.ndim, F16)) for n in ("a", "b")]
     if call.op.name == "relax.matmul":
@@ -45,79 +46,72 @@ def _accumulating_attrs(call):
                               out_dtype=F32).attrs
 
 
-def _mutator_class():
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
+@mutator
+class ToHalf(PyExprMutator):
+    def __init__(self, mod, params):
+        super().__init__(mod)
+        self.params = {p.name: p for p in params}
+        self.param_casts = {}
 
-    @mutator
-    class ToHalf(PyExprMutator):
-        def __init__(self, mod, params):
-            super().__init__(mod)
-            self.params = {p.name: p for p in params}
-            self.param_casts = {}
+    def visit_generic_const_(self, const):
+        if _dtype(const) != F32:
+            return const
+        return relax.const(np.clip(const.value.numpy(), -FP16_MAX, FP16_MAX).astype(np.float16))
 
-        def visit_generic_const_(self, const):
-            if _dtype(const) != F32:
-                return const
-            return relax.const(np.clip(const.value.numpy(), -FP16_MAX, FP16_MAX).astype(np.float16))
+    def visit_var_(self, var):
+        var = super().visit_var_(var)
+        param = self.params.get(var.name)
+        if param is None or not param.same_as(var) or _dtype(var) != F32:
+            return var
+        if var.name not in self.param_casts:  # one cast per fp32 input, at its first use
+            self.param_casts[var.name] = self.builder_.emit(relax.op.astype(var, F16))
+        return self.param_casts[var.name]
 
-        def visit_var_(self, var):
-            var = super().visit_var_(var)
-            param = self.params.get(var.name)
-            if param is None or not param.same_as(var) or _dtype(var) != F32:
-                return var
-            if var.name not in self.param_casts:  # one cast per fp32 input, at its first use
-                self.param_casts[var.name] = self.builder_.emit(relax.op.astype(var, F16))
-            return self.param_casts[var.name]
+    def visit_var_binding_(self, binding):
+        if isinstance(binding.var, relax.DataflowVar):
+            return super().visit_var_binding_(binding)
+        # A dataflow block's output: what leaves the block keeps its fp32 type.
+        value = self._widen(self.visit_expr(binding.value))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
 
-        def visit_var_binding_(self, binding):
-            if isinstance(binding.var, relax.DataflowVar):
-                return super().visit_var_binding_(binding)
-            # A dataflow block's output: what leaves the block keeps its fp32 type.
-            value = self._widen(self.visit_expr(binding.value))
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+    def _widen(self, value):
+        if isinstance(value.ty, relax.TupleType):
+            fields = [self._widen(self.builder_.emit(relax.TupleGetItem(value, i)))
+                      for i in range(len(value.ty.fields))]
+            return relax.Tuple(fields)
+        if _dtype(value) == F16:
+            return self.builder_.emit(relax.op.astype(value, F32))
+        return value
 
-        def _widen(self, value):
-            if isinstance(value.ty, relax.TupleType):
-                fields = [self._widen(self.builder_.emit(relax.TupleGetItem(value, i)))
-                          for i in range(len(value.ty.fields))]
-                return relax.Tuple(fields)
-            if _dtype(value) == F16:
-                return self.builder_.emit(relax.op.astype(value, F32))
-            return value
-
-        def visit_call_(self, call):
-            call = self.visit_expr_post_order(call)
-            name = getattr(call.op, "name", None)
-            if name in OPAQUE:
-                raise NotHalvable(f"{name} of {getattr(call.args[0], 'name_hint', call.args[0])}")
-            if name == "relax.astype" and str(call.attrs.dtype) == F32:
-                return call.args[0] if _dtype(call.args[0]) == F16 else relax.op.astype(call.args[0], F16)
-            if name in ACCUMULATE_IN_FP32 and all(_dtype(a) == F16 for a in call.args[:2]):
-                wide = self.builder_.normalize(relax.Call(call.op, call.args, _accumulating_attrs(call)))
-                return relax.op.astype(wide, F16)
-            if name in STATISTICS_IN_FP32:
-                args = [relax.op.astype(a, F32) if _dtype(a) == F16 else a for a in call.args]
-                wide = self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
-                return relax.op.astype(wide, F16) if _dtype(wide) == F32 else wide
-            try:
-                out = self.builder_.normalize(call)
-            except Exception as exc:
-                raise NotHalvable(f"{name}: {str(exc).strip().splitlines()[-1][:120]}") from None
-            if _dtype(out) == F32:
-                raise NotHalvable(f"{name} makes float32 from non-float inputs")
-            return out
-
-    return ToHalf
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        name = getattr(call.op, "name", None)
+        if name in OPAQUE:
+            raise NotHalvable(f"{name} of {getattr(call.args[0], 'name_hint', call.args[0])}")
+        if name == "relax.astype" and str(call.attrs.dtype) == F32:
+            return call.args[0] if _dtype(call.args[0]) == F16 else relax.op.astype(call.args[0], F16)
+        if name in ACCUMULATE_IN_FP32 and all(_dtype(a) == F16 for a in call.args[:2]):
+            wide = self.builder_.normalize(relax.Call(call.op, call.args, _accumulating_attrs(call)))
+            return relax.op.astype(wide, F16)
+        if name in STATISTICS_IN_FP32:
+            args = [relax.op.astype(a, F32) if _dtype(a) == F16 else a for a in call.args]
+            wide = self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
+            return relax.op.astype(wide, F16) if _dtype(wide) == F32 else wide
+        try:
+            out = self.builder_.normalize(call)
+        except Exception as exc:
+            raise NotHalvable(f"{name}: {str(exc).strip().splitlines()[-1][:120]}") from None
+        if _dtype(out) == F32:
+            raise NotHalvable(f"{name} makes float32 from non-float inputs")
+        return out
 
 
 def to_half(mod):
     """`mod` with its main function in fp16 (module doc). Raises NotHalvable."""
-    from tvm import relax
 
     main = mod["main"]
     try:
-        converted = _mutator_class()(mod, main.params).visit_expr(main)
+        converted = ToHalf(mod, main.params).visit_expr(main)
     except NotHalvable:
         raise
     except Exception as exc:  # a TVM type error deep in the rewrite: the graph is not for this pass

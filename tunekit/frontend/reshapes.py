@@ -15,6 +15,9 @@ or not at all when a later reshape restores the original shape.
 """
 from __future__ import annotations
 
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
 # Elementwise ops that broadcast the same way whatever the leading dims of their tensor operand.
 ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power", "relax.maximum",
                "relax.minimum", "relax.erf", "relax.tanh", "relax.sigmoid", "relax.exp", "relax.sqrt", "relax.rsqrt",
@@ -44,95 +47,88 @@ def _prod(shape) -> int:
     return out
 
 
-def _mutator_class():
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
+@mutator
+class DeferReshapes(PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.deferred = {}      # var -> (the tensor before the reshape, the reshaped shape)
+        self.materialized = {}  # var -> the reshape, once something needed it
 
-    @mutator
-    class DeferReshapes(PyExprMutator):
-        def __init__(self, mod):
-            super().__init__(mod)
-            self.deferred = {}      # var -> (the tensor before the reshape, the reshaped shape)
-            self.materialized = {}  # var -> the reshape, once something needed it
+    def _resolve(self, arg):
+        """(tensor before the reshape, shape) if `arg` is a deferred reshape, else None."""
+        return self.deferred.get(arg) if isinstance(arg, relax.Var) else None
 
-        def _resolve(self, arg):
-            """(tensor before the reshape, shape) if `arg` is a deferred reshape, else None."""
-            return self.deferred.get(arg) if isinstance(arg, relax.Var) else None
+    def _materialize(self, var):
+        if var not in self.materialized:
+            real, shape = self.deferred[var]
+            self.materialized[var] = self.builder_.emit(relax.op.reshape(real, shape))
+        self.set_var_remap(var, self.materialized[var])
 
-        def _materialize(self, var):
-            if var not in self.materialized:
-                real, shape = self.deferred[var]
-                self.materialized[var] = self.builder_.emit(relax.op.reshape(real, shape))
-            self.set_var_remap(var, self.materialized[var])
+    def _defer(self, var, real):
+        shape = _static_shape(var.ty)
+        if _static_shape(real.ty) == shape:
+            self.set_var_remap(var, real)  # the reshapes cancelled out
+        else:
+            self.deferred[var] = (real, shape)
 
-        def _defer(self, var, real):
-            shape = _static_shape(var.ty)
-            if _static_shape(real.ty) == shape:
-                self.set_var_remap(var, real)  # the reshapes cancelled out
-            else:
-                self.deferred[var] = (real, shape)
+    def visit_var_binding_(self, binding):
+        value, var = binding.value, binding.var
+        if isinstance(var, relax.DataflowVar) and isinstance(value, relax.Call) and self._try_defer(var, value):
+            return
+        for arg in getattr(value, "args", ()):
+            if self._resolve(arg) is not None:
+                self._materialize(arg)
+        if isinstance(value, relax.Tuple):
+            for field in value.fields:
+                if self._resolve(field) is not None:
+                    self._materialize(field)
+        if isinstance(value, relax.Var) and self._resolve(value) is not None:
+            self._materialize(value)
+        super().visit_var_binding_(binding)
 
-        def visit_var_binding_(self, binding):
-            value, var = binding.value, binding.var
-            if isinstance(var, relax.DataflowVar) and isinstance(value, relax.Call) and self._try_defer(var, value):
-                return
-            for arg in getattr(value, "args", ()):
-                if self._resolve(arg) is not None:
-                    self._materialize(arg)
-            if isinstance(value, relax.Tuple):
-                for field in value.fields:
-                    if self._resolve(field) is not None:
-                        self._materialize(field)
-            if isinstance(value, relax.Var) and self._resolve(value) is not None:
-                self._materialize(value)
-            super().visit_var_binding_(binding)
-
-        def _try_defer(self, var, call) -> bool:
-            name = getattr(call.op, "name", None)
-            args = list(call.args)
-            if name == "relax.reshape" and isinstance(args[0], relax.Var):
-                source = self._resolve(args[0])
-                real = source[0] if source else self.visit_expr(args[0])
-                if not _moves_leading_dims_only(_static_shape(real.ty), _static_shape(var.ty)):
-                    return False
-                self._defer(var, real)
-                return True
-            if name == "relax.matmul" and self._resolve(args[0]) is not None and self._resolve(args[1]) is None \
-                    and getattr(args[1].ty, "ndim", 0) == 2:
-                real = self._resolve(args[0])[0]
-                out = self.builder_.emit(relax.Call(call.op, [real, self.visit_expr(args[1])], call.attrs))
-                self._defer(var, out)
-                return True
-            if name in ELEMENTWISE and any(self._resolve(a) is not None for a in args):
-                return self._defer_elementwise(var, call, args)
-            return False
-
-        def _defer_elementwise(self, var, call, args) -> bool:
-            reals = [self._resolve(a)[0] for a in args if self._resolve(a) is not None]
-            real_shape = _static_shape(reals[0].ty)
-            if any(_static_shape(r.ty) != real_shape for r in reals):
+    def _try_defer(self, var, call) -> bool:
+        name = getattr(call.op, "name", None)
+        args = list(call.args)
+        if name == "relax.reshape" and isinstance(args[0], relax.Var):
+            source = self._resolve(args[0])
+            real = source[0] if source else self.visit_expr(args[0])
+            if not _moves_leading_dims_only(_static_shape(real.ty), _static_shape(var.ty)):
                 return False
-            new_args = []
-            for arg in args:
-                source = self._resolve(arg)
-                if source is not None:
-                    new_args.append(source[0])
-                    continue
-                ndim = getattr(arg.ty, "ndim", -1)
-                if ndim not in (0, 1):  # broadcasting over leading dims would change with the reshape
-                    return False
-                new_args.append(self.visit_expr(arg))
-            out = self.builder_.emit(relax.Call(call.op, new_args, call.attrs, call.ty_args))
+            self._defer(var, real)
+            return True
+        if name == "relax.matmul" and self._resolve(args[0]) is not None and self._resolve(args[1]) is None \
+                and getattr(args[1].ty, "ndim", 0) == 2:
+            real = self._resolve(args[0])[0]
+            out = self.builder_.emit(relax.Call(call.op, [real, self.visit_expr(args[1])], call.attrs))
             self._defer(var, out)
             return True
+        if name in ELEMENTWISE and any(self._resolve(a) is not None for a in args):
+            return self._defer_elementwise(var, call, args)
+        return False
 
-    return DeferReshapes
+    def _defer_elementwise(self, var, call, args) -> bool:
+        reals = [self._resolve(a)[0] for a in args if self._resolve(a) is not None]
+        real_shape = _static_shape(reals[0].ty)
+        if any(_static_shape(r.ty) != real_shape for r in reals):
+            return False
+        new_args = []
+        for arg in args:
+            source = self._resolve(arg)
+            if source is not None:
+                new_args.append(source[0])
+                continue
+            ndim = getattr(arg.ty, "ndim", -1)
+            if ndim not in (0, 1):  # broadcasting over leading dims would change with the reshape
+                return False
+            new_args.append(self.visit_expr(arg))
+        out = self.builder_.emit(relax.Call(call.op, new_args, call.attrs, call.ty_args))
+        self._defer(var, out)
+        return True
 
 
 def defer_reshapes(mod):
     """`mod` with reshapes deferred past matmuls and elementwise ops (module doc)."""
-    from tvm import relax
 
     mod = mod.clone()
-    mod["main"] = _mutator_class()(mod).visit_expr(mod["main"])
+    mod["main"] = DeferReshapes(mod).visit_expr(mod["main"])
     return relax.transform.DeadCodeElimination()(mod)
