@@ -57,7 +57,6 @@ class SplitToSlices(PyExprMutator):
 
 def combine_parallel_matmuls(mod):
     """`mod` with each group of matmuls sharing an input combined (module doc)."""
-
     mod = mod.clone()
     mod["main"] = BindWeights(mod).visit_expr(mod["main"])
     mod = relax.transform.CombineParallelMatmul()(mod)

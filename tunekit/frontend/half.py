@@ -36,7 +36,6 @@ def _dtype(expr):
 
 def _accumulating_attrs(call):
     """`call`'s attrs with out_dtype float32 (the ops' own constructors make the attrs node)."""
-
     dummy = [relax.Var(n, relax.TensorType([1] * call.args[0].ty.ndim, F16)) for n in ("a", "b")]
     if call.op.name == "relax.matmul":
         return relax.op.matmul(*dummy, out_dtype=F32).attrs
@@ -108,7 +107,6 @@ class ToHalf(PyExprMutator):
 
 def to_half(mod):
     """`mod` with its main function in fp16 (module doc). Raises NotHalvable."""
-
     main = mod["main"]
     try:
         converted = ToHalf(mod, main.params).visit_expr(main)

@@ -128,7 +128,6 @@ class DeferReshapes(PyExprMutator):
 
 def defer_reshapes(mod):
     """`mod` with reshapes deferred past matmuls and elementwise ops (module doc)."""
-
     mod = mod.clone()
     mod["main"] = DeferReshapes(mod).visit_expr(mod["main"])
     return relax.transform.DeadCodeElimination()(mod)
