@@ -1,6 +1,7 @@
 """The precision a model is tuned and compiled in, and the Relax passes that give it.
 
-fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): parallel matmuls are combined
+fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): reshapes that only move leading
+dims are deferred past matmuls (frontend.reshapes), parallel matmuls are combined
 (frontend.combine), convs are converted to NHWC, and then the whole model runs in fp16 with every
 conv/matmul accumulating in fp32 (frontend.half; ToMixedPrecision where that cannot). The tasks
 extracted afterwards carry fp16 workloads, which MetaSchedule's `cuda-tensorcore` rules (chosen by
