@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--servers", type=int, help="runner servers at the share, per GPU (or per node for a CPU share); "
                    "up to 100/pct fit on one device without overlapping (default 1)")
     p.add_argument("--clients", type=int, help="tuning clients (Ray actors) per share, each tuning a shard of the "
-                   "tasks; with it (or several shares, --gpus, --ray-address or RAY_ADDRESS) the run goes "
-                   "through the Ray coordinator, started here unless a cluster is given (default: 1 process, no Ray)")
+                   "tasks; with it (or --gpus, --client-nodes, --ray-address or RAY_ADDRESS) the run "
+                   "goes through the Ray coordinator, started here unless a cluster is given (default: 1 process, no Ray)")
     p.add_argument("--gpus", help="GPU indices to put runner servers on, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS, else start Ray here)")
     p.add_argument("--client-nodes", metavar="WHERE",
