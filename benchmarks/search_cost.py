@@ -19,7 +19,7 @@ import time
 
 
 def time_setting(tasks, index: int, target, population: int, generations: int, samples: int, *, batches: int,
-                 batch: int, threads: int) -> list[float]:
+                 batch: int, threads: int, profile: bool = False) -> list[float]:
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
@@ -35,12 +35,22 @@ def time_setting(tasks, index: int, target, population: int, generations: int, s
         seconds = []
         for _ in range(batches):
             started = time.perf_counter()
-            candidates = ctx.generate_measure_candidates()
+            with ms.Profiler() as profiler:  # MetaSchedule's own scopes: sampling, evolution, prediction
+                candidates = ctx.generate_measure_candidates()
+            if profile:
+                print(profiler.table(), flush=True)
             seconds.append(time.perf_counter() - started)
             results = [RunnerResult([rng.uniform(1e-4, 1e-3)], None) for _ in candidates]
             cost_model.update(ctx, candidates, results)
             ctx.notify_runner_results(candidates, results)
         ctx.post_tuning()
+        if profile:  # MetaSchedule's per-task log: how many samples and mutations its checks rejected
+            import glob
+
+            for path in glob.glob(os.path.join(work, "logs", "*.log")):
+                with open(path) as fh:
+                    print("".join(line for line in fh if "summary" in line or "failure" in line.lower()
+                                  or line.startswith(" ") or "Sample" in line or "Evolve" in line)[-6000:])
     return seconds
 
 
@@ -52,6 +62,9 @@ def main() -> None:
     parser.add_argument("--settings", default="256:3:50,256:3:16,128:2:16")
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "auto"),
+                        help="tunekit's conversion before extraction (fp16: NHWC, tensor-core tasks on CUDA)")
+    parser.add_argument("--profile", action="store_true", help="print MetaSchedule's profiler table per batch")
     args = parser.parse_args()
 
     import json
@@ -61,24 +74,26 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tunekit.clients.intrinsics import import_for_target
     from tunekit.frontend.onnx_loader import import_to_relax, model_inputs
-    from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import extract_tasks
     from tunekit.models import examples
 
     target = tvm.target.Target(json.loads(args.target) if args.target.startswith("{") else args.target)
     import_for_target(target.kind.name)
     model = getattr(examples, args.model)()
-    tasks = extract_tasks(prepare_for_tuning(import_to_relax(model, model_inputs(model, {})), target), target)
+    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision=args.precision)
+    tasks = extract_tasks(prepared, target)
     index = next((i for i, t in enumerate(tasks) if args.task in t.task_name), None)
     if index is None:
         sys.exit(f"no task matches {args.task!r}: {', '.join(t.task_name for t in tasks)}")
-    threads = len(os.sched_getaffinity(0))
+    threads = int(os.environ.get("SEARCH_THREADS", 0)) or len(os.sched_getaffinity(0))
     print(f"{args.model} task {tasks[index].task_name} on {target.kind.name}, {threads} threads, "
           f"batches of {args.batch}\n")
     print("| population | generations | valid samples | seconds per batch |\n| ---: | ---: | ---: | --- |")
     for setting in args.settings.split(","):
         population, generations, samples = (int(x) for x in setting.split(":"))
         secs = time_setting(tasks, index, target, population, generations, samples, batches=args.batches,
-                            batch=args.batch, threads=threads)
+                            batch=args.batch, threads=threads, profile=args.profile)
         print(f"| {population} | {generations} | {samples} | {', '.join(f'{s:.1f}' for s in secs)} |", flush=True)
 
 

@@ -9,6 +9,12 @@ back to back in one process, and writes W/study_matrix.{json,md}: p50 latency pe
 the regret of each (latency / the best latency at that run-at share), and tuned-at-S against
 tuned-at-100 at S. Per-task launch shapes (blocks x threads against the share's SMs) are in W/report.json
 (`tasks_best_us[].launch`, written by the tune). `--kind cpu` does the same for CPU shares.
+
+  python benchmarks/share_study.py tasks --work W [--reference gpu100]
+
+reads every share's records (each candidate was measured at every share) and writes W/study_tasks.{json,md}:
+per task, the best kernel at each share, what the kernel that was best at the reference share takes at each
+share (the cost of tuning at the wrong share, per task), and the launch shape of each share's best.
 """
 from __future__ import annotations
 
@@ -74,6 +80,92 @@ def write(work: str, study: dict, kind: str, pcts: list[int]) -> str:
     return text
 
 
+def candidate_times(work: str, kind: str) -> dict[str, dict[str, dict[str, float]]]:
+    """{share: {workload key: {trace: mean us}}} from every records-<share> dir of a tune out dir."""
+    from tunekit.records.jsonl import read_records, read_workloads
+
+    out: dict = {}
+    for db_dir in sorted(glob.glob(os.path.join(work, f"records-{kind}*"))):
+        share = os.path.basename(db_dir)[len("records-"):]
+        # The key the report uses (records.baselines.workload_key): the structural hash, as 16 hex digits.
+        keys = [f"{int(w[0]) & 0xFFFFFFFFFFFFFFFF:016x}" if w else None for w in read_workloads(db_dir)]
+        table = out.setdefault(share, {})
+        for line in read_records(db_dir):
+            secs = [float(x) for x in line.run_secs if x is not None and float(x) < 1e9]
+            if secs and line.workload < len(keys) and keys[line.workload]:
+                table.setdefault(keys[line.workload], {})[line.trace_text()] = 1e6 * sum(secs) / len(secs)
+    return out
+
+
+def per_task(times: dict, report: dict, shares: list[str], reference: str) -> list[dict]:
+    """Per task: best us at each share, and the reference share's best kernel timed at each share."""
+    names = {}
+    for row in report.get("tasks", []):
+        names[row["workload_hash"]] = row
+    launches = {t["name"]: t.get("launch", {}) for t in report.get("tasks_best_us", [])}
+    rows = []
+    for wk in sorted({wk for table in times.values() for wk in table}):
+        common = set.intersection(*(set(times[s].get(wk, {})) for s in shares))
+        if not common:
+            continue
+        best = {s: min(common, key=lambda tk: times[s][wk][tk]) for s in shares}
+        info = names.get(wk, {})
+        row = {"task": info.get("name", wk), "weight": info.get("weight", 1), "candidates": len(common),
+               "best_us": {s: round(times[s][wk][best[s]], 3) for s in shares},
+               "reference_best_us": {s: round(times[s][wk][best[reference]], 3) for s in shares},
+               "same_kernel_as_reference": {s: best[s] == best[reference] for s in shares},
+               "launch": launches.get(info.get("name"), {})}
+        row["reference_over_best"] = {s: round(row["reference_best_us"][s] / row["best_us"][s], 4) for s in shares}
+        rows.append(row)
+    return sorted(rows, key=lambda r: -r["weight"] * max(r["best_us"].values()))
+
+
+def write_tasks(work: str, rows: list[dict], shares: list[str], reference: str) -> str:
+    def launch(row, s):
+        shape = row["launch"].get(s) or {}
+        return f"{shape['blocks']}x{shape['threads']} ({shape.get('waves')} w)" if shape else "-"
+
+    head = ("| task | weight | candidates | " + " | ".join(f"best at {s} us" for s in shares)
+            + " | " + " | ".join(f"{reference}'s best at {s} (x)" for s in shares if s != reference)
+            + " | " + " | ".join(f"launch at {s}" for s in shares) + " |")
+    lines = [f"Per task: each share's best kernel, and the kernel best at {reference} timed at the other shares "
+             "(x: its time over that share's best). Launch: blocks x threads (waves on the share's SMs).", "",
+             head, "| --- |" + " ---: |" * (2 + len(shares) + len(shares) - 1) + " --- |" * len(shares)]
+    for row in rows:
+        lines.append(f"| {row['task']} | {row['weight']} | {row['candidates']} | "
+                     + " | ".join(str(row["best_us"][s]) for s in shares) + " | "
+                     + " | ".join(f"{row['reference_best_us'][s]} ({row['reference_over_best'][s]})"
+                                  for s in shares if s != reference) + " | "
+                     + " | ".join(launch(row, s) for s in shares) + " |")
+    totals = {s: sum(r["weight"] * r["best_us"][s] for r in rows) for s in shares}
+    ref_totals = {s: sum(r["weight"] * r["reference_best_us"][s] for r in rows) for s in shares}
+    lines += ["", "Sum over tasks (weight x us): " + ", ".join(
+        f"at {s}: best {totals[s]:.1f}, {reference}'s {ref_totals[s]:.1f} ({ref_totals[s] / totals[s]:.4f}x)"
+        for s in shares)]
+    with open(os.path.join(work, "study_tasks.json"), "w") as fh:
+        json.dump({"reference": reference, "tasks": rows, "sum_best_us": totals, "sum_reference_us": ref_totals},
+                  fh, indent=1)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(work, "study_tasks.md"), "w") as fh:
+        fh.write(text)
+    return text
+
+
+def write_candidates(work: str, times: dict, report: dict, shares: list[str]) -> None:
+    """W/study_candidates.csv: every candidate's mean us at every share (the raw data of the study, small
+    enough to commit where the records are not)."""
+    import hashlib
+
+    names = {row["workload_hash"]: row["name"] for row in report.get("tasks", [])}
+    with open(os.path.join(work, "study_candidates.csv"), "w") as fh:
+        fh.write("task,trace_sha1," + ",".join(f"us_{s}" for s in shares) + "\n")
+        for wk in sorted({wk for table in times.values() for wk in table}):
+            for tk in sorted(set.union(*(set(times[s].get(wk, {})) for s in shares))):
+                cells = [times[s].get(wk, {}).get(tk) for s in shares]
+                fh.write(f"{names.get(wk, wk)},{hashlib.sha1(tk.encode()).hexdigest()[:12]},"
+                         + ",".join("" if c is None else f"{c:.3f}" for c in cells) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -82,7 +174,28 @@ def main(argv=None) -> int:
     m.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     m.add_argument("--pcts", default="20,40,60,100")
     m.add_argument("--repeats", type=int, default=200)
+    t = sub.add_parser("tasks")
+    t.add_argument("--work", required=True)
+    t.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
+    t.add_argument("--reference", default=None, help="the share to compare against (default: <kind>100)")
     args = parser.parse_args(argv)
+    if args.step == "tasks":
+        times = candidate_times(args.work, args.kind)
+        shares = sorted(times, key=lambda s: int(s[len(args.kind):]))
+        reference = args.reference or f"{args.kind}100"
+        if reference not in times:
+            print(f"no records-{reference} in {args.work}", file=sys.stderr)
+            return 2
+        report = json.load(open(os.path.join(args.work, "report.json")))
+        merged = dict(report)
+        for share in shares:  # task names and weights are in each share's report
+            path = os.path.join(args.work, f"report-{share}.json")
+            if os.path.isfile(path):
+                merged["tasks"] = json.load(open(path)).get("tasks", [])
+                break
+        print(write_tasks(args.work, per_task(times, merged, shares, reference), shares, reference))
+        write_candidates(args.work, times, merged, shares)
+        return 0
     pcts = [int(p) for p in args.pcts.split(",")]
     found = artifacts(args.work, args.kind)
     if not found:
