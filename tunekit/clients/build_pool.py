@@ -38,9 +38,11 @@ class BuildTiming:
     ok: bool
 
 
-def _worker_init(cores: list[int] | None, cuda_aot: bool) -> None:
+def _worker_init(cores: list[int] | None, cuda_aot: bool, nice: int = 0) -> None:
     if cores:
         os.sched_setaffinity(0, cores)
+    if nice:
+        os.nice(nice)
     # Import TVM once per worker, not per batch. Not all of `tvm.s_tir.tensor_intrin` (24 s on 2
     # cores), which stock imports in every worker; but a CUDA worker needs the CUDA intrinsics'
     # module: the mma codegen of a tensorized candidate looks up index-map functions registered
@@ -95,7 +97,7 @@ class BuildPool(PyBuilder):
     """
 
     def __init__(self, *, workers: int, timeout_s: float, cores: list[int] | None = None,
-                 cuda_aot: bool = True, artifact_dir: str | None = None):
+                 cuda_aot: bool = True, artifact_dir: str | None = None, nice: int = 0):
         from tvm.support.popen_pool import PopenPoolExecutor
 
         super().__init__()
@@ -107,7 +109,7 @@ class BuildPool(PyBuilder):
         self.profile = ProfileTotals()  # where build time went, over every candidate built
         self._profile_lock = threading.Lock()
         self._pool = PopenPoolExecutor(max_workers=self.workers, timeout=timeout_s, initializer=_worker_init,
-                                       initargs=(cores, cuda_aot), maximum_process_uses=_RECYCLE_AFTER)
+                                       initargs=(cores, cuda_aot, nice), maximum_process_uses=_RECYCLE_AFTER)
         # Start every worker now (TVM import ~1-2 s each) so the first batch does not wait for it.
         self._warm = [self._pool.submit(os.getpid) for _ in range(self.workers)]
 
