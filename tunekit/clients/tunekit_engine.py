@@ -14,6 +14,19 @@ from .measurement import Measurement, ShareToMeasure, TuningOutcome, builder_cor
 
 log = logging.getLogger("tunekit.engine")
 
+# XGBoost's threads for the cost model. One: its training runs on the updater thread beside the search's
+# threads and the build workers, and an OpenMP team on busy cores spins at every barrier. On 2 cores with
+# 2 busy processes, one update took 8.5 s and 8.4 CPU-s with 8 threads against 0.6 s with 1 (0.3 s on idle
+# cores at any count: the data is a few hundred rows). benchmarks/results/search-contention-cpu2/.
+COST_MODEL_THREADS = 1
+
+
+def new_cost_model():
+    """MetaSchedule's XGBoost cost model, on COST_MODEL_THREADS threads."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.cost_model.XGBModel(num_tuning_cores=COST_MODEL_THREADS)
+
 
 class SearchEngine:
     """tunekit's engine, assembled: build pool, measuring runner, XGBoost cost model. Kept for the
@@ -84,8 +97,6 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
     searching may run (default: this process's cores, off a CPU share's cores when overlapping).
     `other_shares`: {label: Measurement} of more shares every candidate is also measured at (each
     with its own cost model); `measurement` is then the first share's."""
-    from tvm.s_tir import meta_schedule as ms
-
     from .build_pool import BuildPool
     from .intrinsics import import_for_target, prepare_metaschedule_logging
 
@@ -103,10 +114,8 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
     log.info("engine tunekit: %d build workers on cores %s, %d fleet(s), overlap %s%s",
              builder.workers, cores, len(measurement.fleets), overlap,
              f", measured at {', '.join([measurement.label, *other_shares])}" if other_shares else "")
-    return SearchEngine(builder=builder, runner=runner, cost_model=ms.cost_model.XGBModel(num_tuning_cores=len(cores)),
-                        cores=cores, overlap=overlap,
-                        share_cost_models={label: ms.cost_model.XGBModel(num_tuning_cores=len(cores))
-                                           for label in other_shares or {}})
+    return SearchEngine(builder=builder, runner=runner, cost_model=new_cost_model(), cores=cores, overlap=overlap,
+                        share_cost_models={label: new_cost_model() for label in other_shares or {}})
 
 
 class TunekitEngine:
