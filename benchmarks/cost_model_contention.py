@@ -85,19 +85,10 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from build_compile import sample_candidates
-    from search_contention import BackgroundBuilds
-    from tunekit.clients.intrinsics import import_for_target
-    from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
-    from tunekit.frontend.precision import prepare
-    from tunekit.frontend.tasks import extract_tasks
+    from search_contention import BackgroundBuilds, heaviest_task
 
     target = tvm.target.Target(args.target)
-    import_for_target("cuda")
-    model = load_onnx(args.model)
-    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision="fp16")
-    sampled = sample_candidates(args.model, target, 16, 16, "fp16")  # 16 of the heaviest task, to build
-    task = next(t for t in extract_tasks(prepared, target) if t.task_name == sampled[0][0])
+    task, mods = heaviest_task(args.model, target)
     ctx, candidates = sixteen_candidates(task, target)
     print(f"task {task.task_name}, {len(os.sched_getaffinity(0))} cores, {args.workers} build workers", flush=True)
 
@@ -105,7 +96,7 @@ def main(argv=None) -> int:
     for load in ("none", "builds", "spinners")[:3 if args.spinners else 2]:
         for threads in (int(t) for t in args.threads.split(",")):
             if load == "builds":
-                with BackgroundBuilds([m for _, m in sampled], target, workers=args.workers, nice=0):
+                with BackgroundBuilds(mods, target, workers=args.workers, nice=0):
                     times = time_updates(ctx, candidates, threads, args.batches)
             elif load == "spinners":
                 with Spinners(args.spinners):

@@ -83,6 +83,22 @@ class BackgroundBuilds:
         self.pool.shutdown()
 
 
+def heaviest_task(model_path: str, target):
+    """(the model's heaviest fp16 task on `target`, 16 of its candidates as IRModules to build)."""
+    from build_compile import sample_candidates
+    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import extract_tasks
+
+    import_for_target("cuda")
+    model = load_onnx(model_path)
+    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision="fp16")
+    sampled = sample_candidates(model_path, target, 16, 16, "fp16")  # 16 of the heaviest task
+    task = next(t for t in extract_tasks(prepared, target) if t.task_name == sampled[0][0])
+    return task, [mod for _, mod in sampled]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="an ONNX file")
@@ -96,21 +112,8 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from tunekit.clients.intrinsics import import_for_target
-    from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
-    from tunekit.frontend.precision import prepare
-    from tunekit.frontend.tasks import extract_tasks
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from build_compile import sample_candidates
-
     target = tvm.target.Target(args.target)
-    import_for_target("cuda")
-    model = load_onnx(args.model)
-    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision="fp16")
-    sampled = sample_candidates(args.model, target, 16, 16, "fp16")  # 16 of the heaviest task
-    task = next(t for t in extract_tasks(prepared, target) if t.task_name == sampled[0][0])
-    mods = [mod for _, mod in sampled]
+    task, mods = heaviest_task(args.model, target)
     threads = len(os.sched_getaffinity(0))
     print(f"task {task.task_name}, {threads} search threads, {args.workers} build workers, "
           f"{len(mods)} candidates to build", flush=True)
