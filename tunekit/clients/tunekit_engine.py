@@ -15,9 +15,9 @@ from .measurement import Measurement, ShareToMeasure, TuningOutcome, builder_cor
 log = logging.getLogger("tunekit.engine")
 
 # XGBoost's threads for the cost model. One: its training runs on the updater thread beside the search's
-# threads and the build workers, and an OpenMP team on busy cores spins at every barrier. On 2 cores with
-# 2 busy processes, one update took 8.5 s and 8.4 CPU-s with 8 threads against 0.6 s with 1 (0.3 s on idle
-# cores at any count: the data is a few hundred rows). benchmarks/results/search-contention-cpu2/.
+# threads and the build workers, and an OpenMP team on busy cores spins at its barriers. On 2 cores beside
+# 2 busy processes, one update took 0.61 s on 1 thread, 7.9 s on 2 and 4.7 s on 8, all of it CPU; on idle
+# cores 0.48-0.52 s at any count (the data is a few hundred rows). benchmarks/results/search-contention-cpu2/.
 COST_MODEL_THREADS = 1
 
 
