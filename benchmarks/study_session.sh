@@ -5,7 +5,9 @@
 #   bash benchmarks/study_session.sh wait 540                # progress; everything so far comes back in $OUT
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu
-#   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial)
+#   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
+#   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
+#   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
@@ -25,7 +27,7 @@ trap copy EXIT
 case "$1" in
   start)
     MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}
-    for m in ${MODELS//,/ } $([[ ,$STEPS, == *,r18,* ]] && echo resnet18); do
+    for m in ${MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
@@ -35,10 +37,14 @@ case "$1" in
       echo "set -u"
       for step in ${STEPS//,/ }; do case $step in
         pytest) echo "timeout 420 python3 -m pytest -q -m gpu tests > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
-        r18) echo "mkdir -p $R/r18-gpu40"
+        scaling) echo "python3 benchmarks/search_scaling.py --model /tmp/vs/resnet18.onnx --configs ${SCALING:-1x16,2x8,4x4}" \
+                      "--tasks 4 --batches 2 --json $R/search_scaling.json > $R/search_scaling.log 2>&1; echo \"scaling rc=\$?\";" \
+                      "grep '^|' $R/search_scaling.log > $R/search_scaling.md" ;;
+        r18|r18b) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
+             echo "mkdir -p $R/$step-gpu40"
              echo "python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${R18_TRIALS:-256}" \
-                  "--trials-per-iter 16 --out $W/r18-gpu40 --json > $R/r18-gpu40/tune.json 2> $R/r18-gpu40/tune.log"
-             echo "echo \"r18-gpu40 tune rc=\$?\"; cp $W/r18-gpu40/report.json $R/r18-gpu40/ 2>/dev/null" ;;
+                  "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"
+             echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
         study) for m in ${MODELS//,/ }; do
              echo "mkdir -p $R/$m"
              echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 20,40,100 --robust --trials ${TRIALS:-1000}" \
@@ -60,6 +66,6 @@ case "$1" in
     cat "$R/chain.log"; tail -3 "$R/pytest_gpu.txt" 2>/dev/null
     for d in "$W"/*/records-*; do
       [ -f "$d/database_tuning_record.json" ] && echo "$d: $(wc -l < "$d/database_tuning_record.json") records"
-    done; cat "$R"/*/study_matrix.md 2>/dev/null; true
+    done; cat "$R"/*/study_matrix.md "$R"/search_scaling.md 2>/dev/null; true
     ;;
 esac

@@ -179,6 +179,27 @@ def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(exampl
     assert sum(1 for task in report["tasks"] if task["trials"]) >= 2
 
 
+def test_one_search_serves_several_batches_and_keeps_the_budget(example_model, tmp_path):
+    """search_batches 3: a search picks 3 batches' worth and the task's next batches take them before
+    it searches again. Batches stay trials_per_iter long, the budget holds, nothing is measured twice."""
+    config = tmp_path / "reuse.yaml"
+    config.write_text("overlap: true\nsearch_batches: 3\n")
+    out = tmp_path / "run"
+    tuned = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "18", "--trials-per-iter", "2",
+                    "--config", config, "--out", out, "--json")
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    report = json.loads(tuned.stdout)["report"]
+    assert report["trials"]["measured"] == 18
+    keys = record_keys(out / "records-cpu100")
+    assert len(keys) == 18 and len(distinct(keys)) == len(keys)
+    tuned_tasks = [task for task in report["tasks"] if task["trials"]]
+    assert sum(task["trials"] for task in tuned_tasks) == 18
+    # 9 batches of 2; a task's search serves up to 3 of its batches
+    assert all(task["searches"] >= -(-task["trials"] // 6) for task in tuned_tasks)
+    assert sum(task["searches"] for task in tuned_tasks) < 9
+    assert any(task["trials"] > 2 * task["searches"] for task in tuned_tasks)
+
+
 def test_index_arguments_are_filled_in_range_so_a_take_kernel_measures(tmp_path):
     """An embedding lookup (take/gather) reads its table at the index argument's values: random
     int64 values read far outside the table and kill the server. The runner fills integer

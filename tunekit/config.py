@@ -71,9 +71,17 @@ class TuneConfig:
     #   0.77 to 0.26 s/trial with a faster tuned model (benchmarks/results/h100-resnet18-gpu40-tuning-time).
     # - CPU: 3 and 50. Sampling rarely fails there, and 2 generations gave slower tuned models
     #   on the 2-core machine (0.77 and 1.21 ms against 0.64 ms for tiny_cnn at cpu50, 32 trials).
+    # - One search serves several batches (search_batches; None = 4 on CUDA, 1 on CPU): it picks
+    #   search_batches x trials_per_iter candidates, the task's batch takes the best-predicted
+    #   trials_per_iter and its next batches take the rest before the task is searched again. A
+    #   search costs about the same whatever it picks (H100, fp16 ResNet-18 tuned 256 trials at 40%:
+    #   10.3 s per search of 16, 13.0 s of 32), and the search set the pace of the run
+    #   (benchmarks/results/h100-resnet18-search-per-trial). The scheduler still hands out batches of
+    #   trials_per_iter, so every task gets its turn as early as before.
     search_population: int | None = None
     search_genetic_iters: int | None = None
     search_init_samples: int | None = None
+    search_batches: int | None = None
     # ---- fleet, faults and security (README "Security"): no runner server of the share reachable for this long
     # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
     servers_gone_timeout_s: float = 120.0
@@ -95,6 +103,11 @@ class TuneConfig:
             return self.search_genetic_iters
         return 2 if target_kind == "cuda" else 3
 
+    def search_batches_for(self, target_kind: str) -> int:
+        if self.search_batches is not None:
+            return self.search_batches
+        return 4 if target_kind == "cuda" else 1
+
     def init_samples_for(self, target_kind: str) -> int:
         if self.search_init_samples is not None:
             return self.search_init_samples
@@ -102,9 +115,10 @@ class TuneConfig:
 
     def __post_init__(self):
         for name in ("trials", "trials_per_iter", "servers", "measure_repeats", "warm_start_top_k", "search_population",
-                     "search_genetic_iters", "search_init_samples", "min_repeat_ms"):
+                     "search_genetic_iters", "search_init_samples", "search_batches", "min_repeat_ms"):
             value = getattr(self, name)
-            if value is None and name in ("search_population", "search_genetic_iters", "search_init_samples"):
+            if value is None and name in ("search_population", "search_genetic_iters", "search_init_samples",
+                                          "search_batches"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TunekitError(f"{name} must be a positive integer, got {value!r}")

@@ -64,6 +64,10 @@ class TaskState:
     tensorized: set = field(default_factory=set)  # trace keys of candidates that use a tensor intrinsic
     tensorized_trials: int = 0                    # measured candidates that did
     best_key: str | None = None                   # trace key of the best record
+    # Candidates the task's last search picked beyond its batch, best predicted first (search_loop:
+    # one search serves several batches); the task's next batches take them before it searches again.
+    reserve: list = field(default_factory=list)
+    searches: int = 0                             # searches run for the task (this share's view)
 
     @property
     def best_tensorized(self) -> bool | None:

@@ -247,7 +247,8 @@ class SearchLoop:
         max_trials = config.trials if budgets is None and not req.other_shares else 1 << 30
         tasks = []
         for i, (task, ctx, weight) in enumerate(zip(extracted, contexts, weights)):
-            ctx.pre_tuning(max_trials=max_trials, num_trials_per_iter=config.trials_per_iter,
+            ctx.pre_tuning(max_trials=max_trials,
+                           num_trials_per_iter=config.trials_per_iter * config.search_batches_for(kind),
                            design_spaces=ctx.generate_design_space(), database=lane.database,
                            cost_model=lane.cost_model)
             state = TaskState(i, task.task_name, float(weight), ctx, commit_workload_durably(lane.database, ctx.mod),
@@ -273,26 +274,50 @@ class SearchLoop:
 
     # ---------------------------------------------------------------- stages
     def _propose(self, task: TaskState, limit: int) -> _Batch | None:
-        """Search: one batch of candidates for `task` (main thread; MetaSchedule's C++ search
-        releases the GIL, so the stage thread keeps building and measuring meanwhile)."""
+        """One batch of candidates for `task`: from what the task's last search picked beyond its
+        earlier batches, else from a new search (main thread; MetaSchedule's C++ search releases the
+        GIL, so the stage thread keeps building and measuring meanwhile). Up to `limit` (at most
+        trials_per_iter) candidates not measured yet; known ones met on the way are answered from
+        the record."""
         t = time.perf_counter()
         lane = self._proposer(task)
+        mine = self.lanes[lane].tasks[task.index]
+        want = min(limit, self.req.config.trials_per_iter)
         try:
-            candidates = self.lanes[lane].tasks[task.index].ctx.generate_measure_candidates()
-            if not candidates:
+            candidates, keys, fresh, cached = [], [], [], []
+            searched = False
+            while len(fresh) < want:
+                if not mine.reserve:
+                    if searched or not self._search(task, lane):
+                        break
+                    searched = True
+                candidate, key = mine.reserve.pop(0)
+                (fresh if self._known(task.index, key) is None else cached).append(len(candidates))
+                candidates.append(candidate)
+                keys.append(key)
+            if not candidates:  # the reserve was empty and the search found nothing
                 self.scheduler.exhaust(task)
                 return None
-            texts = [_trace_text(c.sch.trace) for c in candidates]
-            keys = [hashlib.sha1(text.encode()).hexdigest() for text in texts]
-            marked = {k for k, text in zip(keys, texts) if _TENSORIZE_MARK in text}
-            for each in self.lanes:
-                each.tasks[task.index].tensorized.update(marked)
-            fresh = [j for j, k in enumerate(keys) if self._known(task.index, k) is None][:limit]
-            cached = [j for j, k in enumerate(keys) if self._known(task.index, k) is not None]
             self.lanes[lane].proposed += 1
             return _Batch(task, candidates, keys, fresh, cached, lane=lane)
         finally:
             self.phases.search_s += time.perf_counter() - t
+
+    def _search(self, task: TaskState, lane: int) -> bool:
+        """Run `lane`'s search for `task` once: its picks go to the task's reserve, best predicted first.
+        False when the search has nothing more to give."""
+        mine = self.lanes[lane].tasks[task.index]
+        found = mine.ctx.generate_measure_candidates()
+        mine.searches += 1
+        if not found:
+            return False
+        texts = [_trace_text(c.sch.trace) for c in found]
+        keys = [hashlib.sha1(text.encode()).hexdigest() for text in texts]
+        marked = {k for k, text in zip(keys, texts) if _TENSORIZE_MARK in text}
+        for each in self.lanes:
+            each.tasks[task.index].tensorized.update(marked)
+        mine.reserve.extend(zip(found, keys))
+        return True
 
     def _build_and_submit(self, batch: _Batch):
         """Stage thread: build the batch's fresh candidates and hand each to the runner as soon as it is
@@ -514,7 +539,8 @@ class SearchLoop:
         per_task = self.req.task_budgets is not None
         shared = {"proposed_by": {each.label: each.proposed for each in self.lanes}} if len(self.lanes) > 1 else {}
         rows = [{"name": t.name, "workload_hash": workload_key(t.ctx.mod), "weight": int(t.weight),
-                 "trials": t.measured, "failed": t.failed, **({"resumed": t.resumed} if t.resumed else {}),
+                 "trials": t.measured, "failed": t.failed, "searches": t.searches,
+                 **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None,
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
