@@ -158,22 +158,29 @@ def test_a_hung_candidate_fails_alone_and_its_server_is_replaced(tmp_path):
             pool.shutdown()
 
 
-def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(example_model, tmp_path):
-    """overlap on: the next task is searched while earlier batches are built and measured (two
-    batches in flight). The budget holds, no candidate is measured twice, every phase is timed."""
-    config = tmp_path / "overlap.yaml"
-    config.write_text("overlap: true\n")
+def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> dict:
+    """`tunekit tune` at cpu100 with a YAML config; checks that exactly `trials` distinct candidates
+    were measured (the budget holds, nothing twice) and returns the report."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml)
     out = tmp_path / "run"
-    tuned = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "12", "--trials-per-iter", "3",
+    tuned = run_cli("tune", model, "--cpu-pct", "100", "--trials", str(trials), "--trials-per-iter", str(per_iter),
                     "--config", config, "--out", out, "--json")
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     report = json.loads(tuned.stdout)["report"]
+    assert report["trials"]["measured"] == trials
+    keys = record_keys(out / "records-cpu100")
+    assert len(keys) == trials and len(distinct(keys)) == len(keys)
+    assert sum(task["trials"] for task in report["tasks"]) == trials
+    return report
+
+
+def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(example_model, tmp_path):
+    """overlap on: the next task is searched while earlier batches are built and measured (two
+    batches in flight). The budget holds, no candidate is measured twice, every phase is timed."""
+    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\n", trials=12, per_iter=3)
     phases = report["phases"]
     assert phases["overlap"] is True
-    assert report["trials"]["measured"] == 12
-    keys = record_keys(out / "records-cpu100")
-    assert len(keys) == 12 and len(distinct(keys)) == len(keys)
-    assert sum(task["trials"] for task in report["tasks"]) == 12
     assert all(phases["total_s"][k] > 0 for k in ("search_s", "build_s", "run_s"))
     # more than one task was tuned: the loop does not search a task whose batch is still in flight
     assert sum(1 for task in report["tasks"] if task["trials"]) >= 2
@@ -182,18 +189,8 @@ def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(exampl
 def test_one_search_serves_several_batches_and_keeps_the_budget(example_model, tmp_path):
     """search_batches 3: a search picks 3 batches' worth and the task's next batches take them before
     it searches again. Batches stay trials_per_iter long, the budget holds, nothing is measured twice."""
-    config = tmp_path / "reuse.yaml"
-    config.write_text("overlap: true\nsearch_batches: 3\n")
-    out = tmp_path / "run"
-    tuned = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "18", "--trials-per-iter", "2",
-                    "--config", config, "--out", out, "--json")
-    assert tuned.returncode == 0, tuned.stderr[-2000:]
-    report = json.loads(tuned.stdout)["report"]
-    assert report["trials"]["measured"] == 18
-    keys = record_keys(out / "records-cpu100")
-    assert len(keys) == 18 and len(distinct(keys)) == len(keys)
+    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\nsearch_batches: 3\n", trials=18, per_iter=2)
     tuned_tasks = [task for task in report["tasks"] if task["trials"]]
-    assert sum(task["trials"] for task in tuned_tasks) == 18
     # 9 batches of 2; a task's search serves up to 3 of its batches
     assert all(task["searches"] >= -(-task["trials"] // 6) for task in tuned_tasks)
     assert sum(task["searches"] for task in tuned_tasks) < 9
