@@ -230,7 +230,7 @@ def test_fp16_model_computes_the_model_within_the_fp16_bound(transformer_model):
     assert rows[0]["max_rel_err"] > 0  # it did run in fp16: not bit-equal to fp32
 
 
-def _flattened_ffn(path: str) -> str:
+def _flattened_ffn(path: str, *, width: int = 32, hidden: int = 64, rows: int = 16) -> str:
     """A transformer feed-forward block as ONNX exports of BERT write it: reshape to 2-D around each
     matmul, GELU and the residual add on 3-D tensors."""
     import onnx
@@ -238,10 +238,12 @@ def _flattened_ffn(path: str) -> str:
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(a, n) for n, a in [
-        ("w1", (rng.standard_normal((32, 64)) * 0.2).astype(np.float32)), ("b1", np.full(64, 0.1, np.float32)),
-        ("w2", (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)), ("b2", np.full(32, 0.1, np.float32)),
-        ("s2d_in", np.array([16, 32], np.int64)), ("s3d_mid", np.array([1, 16, 64], np.int64)),
-        ("s2d_mid", np.array([16, 64], np.int64)), ("s3d_out", np.array([1, 16, 32], np.int64)),
+        ("w1", (rng.standard_normal((width, hidden)) * 0.2).astype(np.float32)),
+        ("b1", np.full(hidden, 0.1, np.float32)),
+        ("w2", (rng.standard_normal((hidden, width)) * 0.2 * np.sqrt(64 / hidden)).astype(np.float32)),
+        ("b2", np.full(width, 0.1, np.float32)),
+        ("s2d_in", np.array([rows, width], np.int64)), ("s3d_mid", np.array([1, rows, hidden], np.int64)),
+        ("s2d_mid", np.array([rows, hidden], np.int64)), ("s3d_out", np.array([1, rows, width], np.int64)),
         ("sqrt2", np.array(1.4142135, np.float32)), ("one", np.array(1.0, np.float32)),
         ("half", np.array(0.5, np.float32))]]
     node = helper.make_node
@@ -252,8 +254,9 @@ def _flattened_ffn(path: str) -> str:
              node("Reshape", ["g", "s2d_mid"], ["g2"]), node("MatMul", ["g2", "w2"], ["m2"]),
              node("Add", ["m2", "b2"], ["o2"]), node("Reshape", ["o2", "s3d_out"], ["o3"]),
              node("Add", ["o3", "x"], ["y"])]
-    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])], inits)
+    io = [1, rows, width]
+    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, io)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, io)], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
@@ -276,6 +279,54 @@ def test_fp16_reshapes_around_matmuls_no_longer_split_their_epilogues(tmp_path):
     vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16"), target=Target({"kind": "llvm", "num-cores": 1})),
                               tvm.cpu())
     sample = model.inputs.random(seed=2)
+    rows = compare_outputs(model.output_names, [vm["main"](tvm.runtime.tensor(sample["x"])).numpy()],
+                           model.reference(sample))
+    check(rows, precision="fp16")
+
+
+def test_split_k_is_chosen_only_where_the_reduction_dominates():
+    from tunekit.frontend.split_k import split_count
+
+    assert split_count(128, 768, 3072) == 4    # BERT-base's FFN down-projection
+    assert split_count(128, 3072, 768) == 1    # its up-projection: a wide output, a short reduction
+    assert split_count(128, 768, 768) == 1     # attention's output projection
+    assert split_count(1, 1000, 2048) == 1     # a classifier: one row (and K < 4 N)
+    assert split_count(128, 256, 1152) == 2    # 1152 = 2 x 9 x 64: not 4 slices of whole 64-deep tiles
+    assert split_count(128, 256, 1000) == 1    # no whole tiles at all
+
+
+def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
+    """A matmul with a long reduction and a narrow output (BERT's FFN down-projection) becomes a
+    tensor-core task of partial products over K slices plus one injective kernel that sums them and
+    carries the old epilogue (bias, residual add); the short-reduction matmul is left alone, and
+    the model computes the same. Before frontend.split_k both were plain matmul kernels."""
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.clients.search_loop import is_tensorized
+    from tunekit.frontend.precision import convert
+
+    model = load_model(_flattened_ffn(str(tmp_path / "ffn.onnx"), width=64, hidden=1024))
+    prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
+    launches = _kernel_launches(prepared)
+    names = [name for name, _, _ in launches]
+    assert names.count("split_k_matmul") == 1, names
+    assert len([n for n in names if "matmul" in n]) == 2 and "erf" in names[names.index("split_k_matmul") - 1], names
+    # the next kernel sums the 4 slices (3 adds) and does the bias and residual adds (2 more)
+    sums = names[names.index("split_k_matmul") + 1]
+    assert sums.count("strided_slice") == 4 and sums.count("_add") == 5, names
+    assert not [n for n in names if n.startswith("reshape")], names  # the batch-1 activation is read as it is
+
+    split_task = next(t for t in extract_tasks(prepared, Target(H100)) if t.task_name == "split_k_matmul")
+    import_for_target("cuda")
+    spaces = ms.TuneContext(mod=split_task.dispatched[0], target=Target(H100), space_generator="post-order-apply",
+                            task_name="split_k", num_threads=1).generate_design_space()
+    assert spaces and all(is_tensorized(space.trace) for space in spaces)
+
+    vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16"), target=Target({"kind": "llvm", "num-cores": 1})),
+                              tvm.cpu())
+    sample = model.inputs.random(seed=3)
     rows = compare_outputs(model.output_names, [vm["main"](tvm.runtime.tensor(sample["x"])).numpy()],
                            model.reference(sample))
     check(rows, precision="fp16")

@@ -3,7 +3,8 @@
 fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): reshapes that only move leading
 dims are deferred past matmuls (frontend.reshapes), parallel matmuls are combined
 (frontend.combine), convs are converted to NHWC, and then the whole model runs in fp16 with every
-conv/matmul accumulating in fp32 (frontend.half; ToMixedPrecision where that cannot). The tasks
+conv/matmul accumulating in fp32 (frontend.half; ToMixedPrecision where that cannot); matmuls with
+a long reduction and a narrow output are then split along K (frontend.split_k). The tasks
 extracted afterwards carry fp16 workloads, which MetaSchedule's `cuda-tensorcore` rules (chosen by
 itself for sm_75+) map onto tensor cores (WMMA 16x16x16 f16·f16->f32); fp32 never does (TVM 0.27
 has no TF32 intrinsic), and tensor-core convs want NHWC. The model's inputs and outputs stay fp32.
@@ -86,6 +87,7 @@ def convert(mod, precision: str):
     from .combine import combine_parallel_matmuls
     from .half import NotHalvable, to_half
     from .reshapes import defer_reshapes
+    from .split_k import split_long_reductions
 
     try:
         mod = _clips_to_ops(mod)
@@ -93,10 +95,14 @@ def convert(mod, precision: str):
         mod = combine_parallel_matmuls(mod)
         mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
         try:
-            return to_half(mod)
+            mod = to_half(mod)
         except NotHalvable as exc:
             log.info("fp16: %s; fp16 matmul/conv inputs only (ToMixedPrecision)", exc)
-        return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+            return relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+        mod, split = split_long_reductions(mod)
+        if split:
+            log.info("fp16: %d matmuls split along K", split)
+        return mod
     except Exception as exc:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise TunekitError(f"TVM cannot convert this model to fp16 ({text[:200]}); use --precision fp32") from None
