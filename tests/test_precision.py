@@ -311,14 +311,14 @@ def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
     prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
     launches = _kernel_launches(prepared)
     names = [name for name, _, _ in launches]
-    assert names.count("split_k_matmul") == 1, names
-    assert len([n for n in names if "matmul" in n]) == 2 and "erf" in names[names.index("split_k_matmul") - 1], names
+    assert names.count("matmul_split_k") == 1, names
+    assert len([n for n in names if "matmul" in n]) == 2 and "erf" in names[names.index("matmul_split_k") - 1], names
     # the next kernel sums the 4 slices (3 adds) and does the bias and residual adds (2 more)
-    sums = names[names.index("split_k_matmul") + 1]
+    sums = names[names.index("matmul_split_k") + 1]
     assert sums.count("strided_slice") == 4 and sums.count("_add") == 5, names
     assert not [n for n in names if n.startswith("reshape")], names  # the batch-1 activation is read as it is
 
-    split_task = next(t for t in extract_tasks(prepared, Target(H100)) if t.task_name == "split_k_matmul")
+    split_task = next(t for t in extract_tasks(prepared, Target(H100)) if t.task_name == "matmul_split_k")
     import_for_target("cuda")
     spaces = ms.TuneContext(mod=split_task.dispatched[0], target=Target(H100), space_generator="post-order-apply",
                             task_name="split_k", num_threads=1).generate_design_space()
