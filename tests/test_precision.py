@@ -261,14 +261,24 @@ def _flattened_ffn(path: str, *, width: int = 32, hidden: int = 64, rows: int = 
     return path
 
 
-def test_fp16_reshapes_around_matmuls_no_longer_split_their_epilogues(tmp_path):
-    """GELU and the residual add fuse into the matmuls' kernels once the reshapes between them are
-    deferred (frontend.reshapes), no kernel is a bare reshape, and the model computes the same.
-    Before, the GELU chain and the residual add were kernels of their own."""
+def _check_ffn_in_fp16_on_cpu(model, *, seed: int) -> None:
+    """The fp16 conversion of a one-input model, compiled for the CPU, within the fp16 bound of onnxruntime fp32."""
     from tvm import relax
 
     from tunekit.frontend.precision import convert
 
+    vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16"), target=Target({"kind": "llvm", "num-cores": 1})),
+                              tvm.cpu())
+    sample = model.inputs.random(seed=seed)
+    rows = compare_outputs(model.output_names, [vm["main"](tvm.runtime.tensor(sample["x"])).numpy()],
+                           model.reference(sample))
+    check(rows, precision="fp16")
+
+
+def test_fp16_reshapes_around_matmuls_no_longer_split_their_epilogues(tmp_path):
+    """GELU and the residual add fuse into the matmuls' kernels once the reshapes between them are
+    deferred (frontend.reshapes), no kernel is a bare reshape, and the model computes the same.
+    Before, the GELU chain and the residual add were kernels of their own."""
     model = load_model(_flattened_ffn(str(tmp_path / "ffn.onnx")))
     prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
     names = [name for name, _, _ in _kernel_launches(prepared)]
@@ -276,12 +286,7 @@ def test_fp16_reshapes_around_matmuls_no_longer_split_their_epilogues(tmp_path):
     assert [n for n in names if "erf" in n] and all("matmul" in n for n in names if "erf" in n), names
     assert [n for n in names if "matmul" in n and n.count("add") >= 2], names  # bias + residual in the epilogue
 
-    vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16"), target=Target({"kind": "llvm", "num-cores": 1})),
-                              tvm.cpu())
-    sample = model.inputs.random(seed=2)
-    rows = compare_outputs(model.output_names, [vm["main"](tvm.runtime.tensor(sample["x"])).numpy()],
-                           model.reference(sample))
-    check(rows, precision="fp16")
+    _check_ffn_in_fp16_on_cpu(model, seed=2)
 
 
 def test_split_k_is_chosen_only_where_the_reduction_dominates():
@@ -300,12 +305,10 @@ def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
     tensor-core task of partial products over K slices plus one injective kernel that sums them and
     carries the old epilogue (bias, residual add); the short-reduction matmul is left alone, and
     the model computes the same. Before frontend.split_k both were plain matmul kernels."""
-    from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
     from tunekit.clients.intrinsics import import_for_target
     from tunekit.clients.search_loop import is_tensorized
-    from tunekit.frontend.precision import convert
 
     model = load_model(_flattened_ffn(str(tmp_path / "ffn.onnx"), width=64, hidden=1024))
     prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
@@ -324,9 +327,4 @@ def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
                             task_name="split_k", num_threads=1).generate_design_space()
     assert spaces and all(is_tensorized(space.trace) for space in spaces)
 
-    vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16"), target=Target({"kind": "llvm", "num-cores": 1})),
-                              tvm.cpu())
-    sample = model.inputs.random(seed=3)
-    rows = compare_outputs(model.output_names, [vm["main"](tvm.runtime.tensor(sample["x"])).numpy()],
-                           model.reference(sample))
-    check(rows, precision="fp16")
+    _check_ffn_in_fp16_on_cpu(model, seed=3)
