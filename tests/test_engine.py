@@ -172,6 +172,7 @@ def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> d
     keys = record_keys(out / "records-cpu100")
     assert len(keys) == trials and len(distinct(keys)) == len(keys)
     assert sum(task["trials"] for task in report["tasks"]) == trials
+    assert all(0 <= task["failed_build"] <= task["failed"] for task in report["tasks"])  # build vs run failures
     return report
 
 

@@ -1,7 +1,7 @@
 """The allocation rule (clients.scheduler), on hand-made tasks: no TVM, no processes."""
 import pytest
 
-from tunekit.clients.scheduler import TaskScheduler, TaskState, gradient, mark_negligible
+from tunekit.clients.scheduler import TaskScheduler, TaskState, error_line, gradient, mark_negligible
 
 
 def _tasks(untuned_us: list[float], *, flops=None, family="conv2d", cap=1 << 30) -> list[TaskState]:
@@ -143,3 +143,22 @@ def test_a_restarted_client_does_not_release_its_budget_twice():
     plain.release(3)
     plain.release(2)
     assert plain.status()["available"] == 5
+
+
+def test_failed_trials_say_whether_they_built_and_why():
+    """A quarter to a third of BERT-base's fp16 trials failed on the H100 and the report could not say
+    whether at build or at run, nor why. Each task now counts the ones that never built and keeps the
+    first error of each kind, as the line that says what went wrong (not the traceback around it)."""
+    task = _tasks([10.0])[0]
+    tvm_crash = ("tunekit BuildPool: build failed\nTraceback (most recent call last):\n"
+                 '  File "/project/src/sym/int_set.cc", line 557, in IntervalSetEvaluator::Dispatch_\n'
+                 "tvm.error.InternalError: Check failed: (eval_vec_) is false: \n")
+    task.record(None, error=tvm_crash, at_build=True)
+    task.record(None, error="tunekit BuildPool: build failed\nSubprocess terminated", at_build=True)
+    task.record(None, error="RPCRunner: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested")
+    task.record(8.0)
+    assert (task.measured, task.failed, task.failed_build) == (4, 3, 2)
+    assert task.first_errors == {
+        "build": "tvm.error.InternalError: Check failed: (eval_vec_) is false:",
+        "run": "RPCRunner: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested"}
+    assert error_line(None) == "(no error message)" and len(error_line("x" * 500)) == 200

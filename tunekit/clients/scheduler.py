@@ -69,6 +69,8 @@ class TaskState:
     # one search serves several batches); the task's next batches take them before it searches again.
     reserve: list = field(default_factory=list)
     searches: int = 0                             # searches run for the task (this share's view)
+    failed_build: int = 0   # of `failed`: candidates that never built (the others built but failed to run)
+    first_errors: dict = field(default_factory=dict)  # "build" / "run" -> the first such error, one line
 
     @property
     def best_tensorized(self) -> bool | None:
@@ -91,8 +93,10 @@ class TaskState:
         """The "score" policy: the time this task takes in the model, fading while it stops improving."""
         return self.cost_in_model() * (0.5 ** self.stale_batches)
 
-    def record(self, us: float | None, *, key: str | None = None, tensorized: bool = False) -> None:
-        """One measured trial (us None: it failed) of the candidate with trace key `key`."""
+    def record(self, us: float | None, *, key: str | None = None, tensorized: bool = False,
+               error: str | None = None, at_build: bool = False) -> None:
+        """One measured trial (us None: it failed, with `error`; `at_build`: it never built) of the
+        candidate with trace key `key`."""
         self.measured += 1
         if tensorized:
             self.tensorized_trials += 1
@@ -100,6 +104,8 @@ class TaskState:
                 self.tensorized.add(key)
         if us is None:
             self.failed += 1
+            self.failed_build += int(at_build)
+            self.first_errors.setdefault("build" if at_build else "run", error_line(error))
         elif self.best_us is None or us < self.best_us:
             self.best_us, self.best_key = us, key
 
@@ -114,6 +120,14 @@ class TaskState:
         self.cached += cached
         self.batches += 1
         self.history.append(now)
+
+
+def error_line(error: str | None) -> str:
+    """The line of a build or run error that says what went wrong: its last line that is not part of
+    a traceback (TVM's errors end in "tvm.error.InternalError: Check failed: ..."), at most 200 chars."""
+    lines = [ln.strip() for ln in str(error or "").splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(("File ", "Traceback", "^", "!!!"))]
+    return (said or lines or ["(no error message)"])[-1][:200]
 
 
 def mark_negligible(tasks: list[TaskState], min_share: float) -> None:

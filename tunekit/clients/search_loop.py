@@ -371,16 +371,19 @@ class SearchLoop:
                 self.phases.run_s += timing.run_s
                 self.phases.lock_wait_s += timing.lock_wait_s
             callbacks.remove_artifact(build.artifact_path)
+        unbuilt = [b.error_msg is not None for b in built]
         for index, lane in enumerate(self.lanes):
-            self._join_share(batch, lane, [r[lane.label] for r in results], proposed=index == batch.lane)
+            self._join_share(batch, lane, [r[lane.label] for r in results], unbuilt, proposed=index == batch.lane)
         if self.runner.fatal is not None:
             raise self.runner.fatal  # every server of a share gone: stop, with what was measured recorded
         self.phases.update_s += time.perf_counter() - t
         self._report_progress(batch.task, len(batch.fresh))
         return len(batch.fresh)
 
-    def _join_share(self, batch: _Batch, lane: ShareLane, results: list, *, proposed: bool) -> None:
-        """One share's side of a batch: its records, its cost model, and (if it proposed the batch) its search."""
+    def _join_share(self, batch: _Batch, lane: ShareLane, results: list, unbuilt: list[bool], *,
+                    proposed: bool) -> None:
+        """One share's side of a batch: its records, its cost model, and (if it proposed the batch) its
+        search. `unbuilt[i]`: the i-th fresh candidate failed to build."""
         from tvm.s_tir.meta_schedule.runner import RunnerResult
 
         from .session_runner import is_not_measured
@@ -388,7 +391,7 @@ class SearchLoop:
         task = lane.tasks[batch.task.index]
         previous = task.effective_us
         ok_candidates, ok_results = [], []
-        for j, result in zip(batch.fresh, results):
+        for j, result, no_build in zip(batch.fresh, results, unbuilt):
             if is_not_measured(result):
                 continue  # never ran (the runner gave up on the share's servers): not a trial, not recorded
             secs = callbacks.run_secs_of(result)
@@ -396,7 +399,8 @@ class SearchLoop:
                                       target=self.req.target)
             task.seen[batch.keys[j]] = secs
             us = mean_run_us(secs)
-            task.record(us, key=batch.keys[j], tensorized=batch.keys[j] in task.tensorized)
+            task.record(us, key=batch.keys[j], tensorized=batch.keys[j] in task.tensorized, error=result.error_msg,
+                        at_build=no_build)
             if us is not None:
                 ok_candidates.append(batch.candidates[j])
                 ok_results.append(result)
@@ -539,7 +543,8 @@ class SearchLoop:
         per_task = self.req.task_budgets is not None
         shared = {"proposed_by": {each.label: each.proposed for each in self.lanes}} if len(self.lanes) > 1 else {}
         rows = [{"name": t.name, "workload_hash": workload_key(t.ctx.mod), "weight": int(t.weight),
-                 "trials": t.measured, "failed": t.failed, "searches": t.searches,
+                 "trials": t.measured, "failed": t.failed, "failed_build": t.failed_build,
+                 **({"first_errors": t.first_errors} if t.first_errors else {}), "searches": t.searches,
                  **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None,

@@ -11,6 +11,9 @@ def fold_extra(outcome: dict, extra: dict) -> None:
             continue
         mine["trials"] += row["trials"]
         mine["failed"] += row["failed"]
+        mine["failed_build"] = mine.get("failed_build", 0) + row.get("failed_build", 0)
+        for kind, line in row.get("first_errors", {}).items():
+            mine.setdefault("first_errors", {}).setdefault(kind, line)
         mine["extra"] = mine.get("extra", 0) + row.get("extra", 0)
         mine["exhausted"] = row.get("exhausted", False)
         if row.get("tuned_us") and (mine.get("tuned_us") is None or row["tuned_us"] < mine["tuned_us"]):
