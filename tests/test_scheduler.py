@@ -1,7 +1,8 @@
 """The allocation rule (clients.scheduler), on hand-made tasks: no TVM, no processes."""
 import pytest
 
-from tunekit.clients.scheduler import TaskScheduler, TaskState, error_line, gradient, mark_negligible
+from tunekit.clients.scheduler import TaskScheduler, TaskState, gradient, mark_negligible
+from tunekit.errors import error_line
 
 
 def _tasks(untuned_us: list[float], *, flops=None, family="conv2d", cap=1 << 30) -> list[TaskState]:

@@ -7,6 +7,7 @@ Two kinds, because a CI pipeline reacts differently to them (README "Exit codes"
   tuning client that keeps dying, a latency measurement that crashed). Exit code 1: the
   records measured so far are kept and `--resume` continues.
 """
+from __future__ import annotations
 
 
 class TunekitError(Exception):
@@ -15,3 +16,11 @@ class TunekitError(Exception):
 
 class RunFailed(TunekitError):
     """The run itself failed after it started, explained in one line (exit code 1)."""
+
+
+def error_line(error: str | None) -> str:
+    """The line of a build or run error that says what went wrong: its last line that is not part of
+    a traceback (TVM's errors end in "tvm.error.InternalError: Check failed: ..."), at most 200 chars."""
+    lines = [ln.strip() for ln in str(error or "").splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(("File ", "Traceback", "^", "!!!"))]
+    return (said or lines or ["(no error message)"])[-1][:200]

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import error_line
+
 # Ansor's defaults (auto_scheduler.GradientBasedTaskScheduler)
 ALPHA, BETA, WINDOW = 0.2, 2.0, 3
 
@@ -120,14 +122,6 @@ class TaskState:
         self.cached += cached
         self.batches += 1
         self.history.append(now)
-
-
-def error_line(error: str | None) -> str:
-    """The line of a build or run error that says what went wrong: its last line that is not part of
-    a traceback (TVM's errors end in "tvm.error.InternalError: Check failed: ..."), at most 200 chars."""
-    lines = [ln.strip() for ln in str(error or "").splitlines() if ln.strip()]
-    said = [ln for ln in lines if not ln.startswith(("File ", "Traceback", "^", "!!!"))]
-    return (said or lines or ["(no error message)"])[-1][:200]
 
 
 def mark_negligible(tasks: list[TaskState], min_share: float) -> None:
