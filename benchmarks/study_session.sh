@@ -5,6 +5,7 @@
 #   bash benchmarks/study_session.sh wait 540                # progress; everything so far comes back in $OUT
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu
+#   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease)
@@ -38,6 +39,11 @@ case "$1" in
       echo "set -u"
       for step in ${STEPS//,/ }; do case $step in
         pytest) echo "timeout 420 python3 -m pytest -q -m gpu tests > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
+        attn) for m in ${MODELS//,/ }; do
+             echo "python3 benchmarks/attention_fusion.py --model /tmp/vs/$m.onnx --gpu-pct ${ATTN_PCTS:-40,100}" \
+                  "--repeats 200 --json $R/attention_fusion-$m.json > $R/attention_fusion-$m.md 2> $R/attention_fusion-$m.log"
+             echo "echo \"attn $m rc=\$?\""
+           done ;;
         scaling) echo "python3 benchmarks/search_scaling.py --model /tmp/vs/resnet18.onnx --configs ${SCALING:-1x16,2x8,4x4}" \
                       "--tasks 4 --batches 2 --json $R/search_scaling.json > $R/search_scaling.log 2>&1; echo \"scaling rc=\$?\";" \
                       "grep '^|' $R/search_scaling.log > $R/search_scaling.md" ;;
@@ -73,6 +79,6 @@ case "$1" in
     cat "$R/chain.log"; tail -3 "$R/pytest_gpu.txt" 2>/dev/null
     for d in "$W"/*/records-*; do
       [ -f "$d/database_tuning_record.json" ] && echo "$d: $(wc -l < "$d/database_tuning_record.json") records"
-    done; cat "$R"/*/study_matrix.md "$R"/search_scaling.md 2>/dev/null; true
+    done; cat "$R"/*/study_matrix.md "$R"/search_scaling.md "$R"/attention_fusion-*.md 2>/dev/null; true
     ;;
 esac

@@ -4,7 +4,8 @@ fp16 (`--precision fp16`, and `auto` on a GPU with tensor cores): reshapes that 
 dims are deferred past matmuls (frontend.reshapes), parallel matmuls are combined
 (frontend.combine), convs are converted to NHWC, and then the whole model runs in fp16 with every
 conv/matmul accumulating in fp32 (frontend.half; ToMixedPrecision where that cannot); matmuls with
-a long reduction and a narrow output are then split along K (frontend.split_k). The tasks
+a long reduction and a narrow output are then split along K (frontend.split_k), and each
+scaled-dot-product attention becomes one kernel (frontend.attention). The tasks
 extracted afterwards carry fp16 workloads, which MetaSchedule's `cuda-tensorcore` rules (chosen by
 itself for sm_75+) map onto tensor cores (WMMA 16x16x16 f16·f16->f32); fp32 never does (TVM 0.27
 has no TF32 intrinsic), and tensor-core convs want NHWC. The model's inputs and outputs stay fp32.
@@ -76,14 +77,18 @@ def _clips_to_ops(mod):
     return relax.transform.DeadCodeElimination()(mod)
 
 
-def convert(mod, precision: str):
+def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: bool = True):
     """The imported Relax module in `precision` (fp32: unchanged). Raises TunekitError when TVM
     cannot convert it. fp16 is the whole model in fp16 with fp32 accumulation (frontend.half); a
-    graph that pass cannot retype gets ToMixedPrecision, which keeps fp32 between the matmuls."""
+    graph that pass cannot retype gets ToMixedPrecision, which keeps fp32 between the matmuls.
+    `target_kind`: what the fused attention kernels are written for (not "cuda": the same loops run
+    serially, which only tests use, to check the fp16 model's numerics on a CPU);
+    `fuse_attention=False` keeps attention unfused (for comparisons)."""
     if precision == "fp32":
         return mod
     from tvm import relax
 
+    from .attention import fuse_attention as fuse
     from .combine import combine_parallel_matmuls
     from .half import NotHalvable, to_half
     from .reshapes import defer_reshapes
@@ -102,21 +107,25 @@ def convert(mod, precision: str):
         mod, split = split_long_reductions(mod)
         if split:
             log.info("fp16: %d matmuls split along K", split)
+        if fuse_attention:
+            mod, fused = fuse(mod, gpu=target_kind == "cuda")
+            if fused:
+                log.info("fp16: %d attentions fused into one kernel each", fused)
         return mod
     except Exception as exc:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise TunekitError(f"TVM cannot convert this model to fp16 ({text[:200]}); use --precision fp32") from None
 
 
-def prepare(mod, target, *, precision: str):
+def prepare(mod, target, *, precision: str, fuse_attention: bool = True):
     """(prepared module, precision it is in): `mod` converted, then frontend.tasks.prepare_for_tuning.
     `precision` is resolved first (resolve_precision); `auto` falls back to fp32 when the model
-    cannot be converted (the reason is logged)."""
+    cannot be converted (the reason is logged). `fuse_attention`: see convert."""
     from .tasks import prepare_for_tuning
 
     resolved = resolve_precision(precision, target)
     try:
-        converted = convert(mod, resolved)
+        converted = convert(mod, resolved, target_kind=target.kind.name, fuse_attention=fuse_attention)
     except TunekitError as exc:
         if precision != "auto":
             raise

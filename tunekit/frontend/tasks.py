@@ -6,13 +6,18 @@ from ..errors import TunekitError
 
 def prepare_for_tuning(mod, target):
     """The passes extract_tasks needs: without them it silently returns no tasks. Records apply to
-    the module this returns. (frontend.precision.prepare converts the precision first.)"""
+    the module this returns. (frontend.precision.prepare converts the precision first.)
+
+    A kernel that only reshapes becomes a view here, as the build would make it anyway: so it is
+    not a task (the fused attention's [B, S, H, D] output read as [B, S, H * D] was one, weight 12
+    in BERT-base, that the scheduler would have spent trials on)."""
     from tvm import relax
 
     with target:
         mod = relax.transform.DecomposeOpsForInference()(mod)
         mod = relax.transform.CanonicalizeBindings()(mod)
         mod = relax.get_pipeline("zero")(mod)
+        mod = relax.transform.RewriteDataflowReshape()(mod)
     return mod
 
 

@@ -1,0 +1,180 @@
+"""Scaled-dot-product attention as one kernel (tunekit/frontend/attention.py, attention_kernel.py).
+
+The kernel's loops are checked on the CPU (`gpu=False`: the same TIR with serial loops in place of
+the thread bindings) against numpy, and the GPU build of the same kernel on the device (-m gpu).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm.target import Target
+
+from tunekit.frontend.attention_kernel import Attention, Operand, attention_kernel, plan
+
+H100 = "nvidia/nvidia-h100"
+F16 = "float16"
+
+
+def _reference(q, k, v, mask, scale):
+    """softmax(q k^T scale + mask) v in fp64; rows masked everywhere give zeros."""
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) * scale + mask.astype(np.float64)
+    top = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(top), top, 0))
+    total = p.sum(-1, keepdims=True)
+    p = np.where(total > 0, p / np.where(total > 0, total, 1), 0)
+    return np.einsum("bhij,bhjd->bhid", p, v.astype(np.float64))
+
+
+def _strides(shape):
+    return [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
+
+
+def _mask_operand(shape):
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    return Operand(tuple(shape), F16, 0, tuple(0 if d == 1 else s for d, s in zip(padded, _strides(padded))))
+
+
+def _run_on_cpu(spec, *arrays):
+    lib = tvm.compile(tvm.IRModule({"main": attention_kernel(spec, gpu=False)}), target=Target({"kind": "llvm"}))
+    out = tvm.runtime.tensor(np.zeros((spec.batch, spec.seq, spec.heads, spec.head_dim), F16))
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy().transpose(0, 2, 1, 3).astype(np.float64)  # [B, S, H, D] -> [B, H, S, D]
+
+
+def test_kernel_reads_q_k_v_in_place_from_a_combined_projection():
+    """BERT's layout: Q, K and V are column ranges of one [B, S, 3 * H * D] tensor (K first, as
+    frontend.combine orders them there), 40 query rows (not a whole number of 16-row tiles), a
+    full [1, 1, S, S] mask with one row masked everywhere (its output is zeros)."""
+    b, h, s, d = 1, 3, 40, 64
+    c = 3 * h * d
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((b, s, c)).astype(F16)
+    mask = np.where(rng.random((1, 1, s, s)) < 0.3, -np.inf, 0).astype(F16)
+    mask[0, 0, 5, :] = -np.inf
+
+    def view(offset):
+        return Operand((b, s, c), F16, offset, (s * c, d, c, 1))
+
+    spec = Attention(b, h, s, s, d, view(h * d), view(0), view(2 * h * d), _mask_operand(mask.shape), 0.125)
+    assert plan(spec).query_tiles == 3 and view(0).vector(d) == 8  # 16-byte loads of the aligned rows
+    got = _run_on_cpu(spec, qkv, qkv, qkv, mask)
+
+    heads = qkv.reshape(b, s, 3, h, d).transpose(2, 0, 3, 1, 4)  # [K|Q|V, B, H, S, D]
+    want = _reference(heads[1], heads[0], heads[2], mask, 0.125)
+    assert np.abs(want[0, :, 5]).max() == 0 and np.abs(got[0, :, 5]).max() == 0
+    np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("d", [16, 12])
+def test_kernel_reads_separate_tensors_and_a_transposed_k(d):
+    """Q and V as [B, H, S, D] tensors, K^T as a [B, H, D, SK] tensor (strided, scalar loads), more
+    keys than queries, a [1, SK] padding mask broadcast over heads and rows; d=12 is not a whole
+    number of 16-byte chunks (the score loop's scalar path)."""
+    b, h, s, sk = 2, 2, 24, 33
+    rng = np.random.default_rng(d)
+    q = rng.standard_normal((b, h, s, d)).astype(F16)
+    kt = rng.standard_normal((b, h, d, sk)).astype(F16)
+    v = rng.standard_normal((b, h, sk, d)).astype(F16)
+    mask = np.where(rng.random((1, sk)) < 0.25, -10000.0, 0.0).astype(F16)
+
+    def contiguous(shape):
+        return Operand(shape, F16, 0, tuple(_strides(shape)))
+
+    kt_operand = Operand(kt.shape, F16, 0, (h * d * sk, d * sk, 1, sk))  # element (b, h, j, d) = kt[b, h, d, j]
+    spec = Attention(b, h, s, sk, d, contiguous(q.shape), kt_operand, contiguous(v.shape), _mask_operand(mask.shape),
+                     d ** -0.5)
+    got = _run_on_cpu(spec, q, kt, v, mask)
+    want = _reference(q, kt.transpose(0, 1, 3, 2), v, mask, d ** -0.5)
+    np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
+
+
+def test_attention_that_does_not_fit_a_block_is_not_planned():
+    big = Operand((1, 1024, 2304), F16, 0, (1024 * 2304, 64, 2304, 1))
+    spec = Attention(1, 12, 1024, 1024, 64, big, big, big, _mask_operand((1,)), 0.125)
+    assert plan(spec) is None
+
+
+def _attention_onnx(path: str, *, seq: int, heads: int = 2, dim: int = 16, axis: int = -1) -> str:
+    """softmax(q k^T / sqrt(d) + mask) v on three [1, H, S, D] inputs (K transposed in the graph)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    bias = numpy_helper.from_array(np.where(rng.random((1, 1, 1, seq)) < 0.2, -1e4, 0).astype(np.float32), "bias")
+    scale = numpy_helper.from_array(np.array(dim ** -0.5, np.float32), "scale")
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Add", ["ss", "bias"], ["sm"]), helper.make_node("Softmax", ["sm"], ["p"], axis=axis),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    io = [1, heads, seq, dim]
+    graph = helper.make_graph(nodes, "attention",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, io) for n in "qkv"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, io)], [bias, scale])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def _launches(prepared) -> list[str]:
+    from tvm import relax
+
+    return [b.value.args[0].name_hint for block in prepared["main"].body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", None) == "relax.call_tir"]
+
+
+def test_an_attention_graph_becomes_one_kernel_and_computes_the_same(tmp_path):
+    """On a CUDA target the matmuls, softmax, mask and transposes of an attention are one kernel;
+    compiled for the CPU (the kernel's serial loops) it computes what onnxruntime does in fp32.
+    A softmax over another axis, or a sequence too long for one block, stays unfused."""
+    from tvm import relax
+
+    from tunekit.frontend.precision import convert, prepare
+    from tunekit.numerics import check, compare_outputs
+    from tunekit.run.session import load_model
+
+    model = load_model(_attention_onnx(str(tmp_path / "attn.onnx"), seq=48))
+    prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
+    names = _launches(prepared)
+    # left: the fp32 inputs' casts, and the [B, S, H, D] context back to the graph's [B, H, S, D] fp32 output
+    assert [n for n in names if n.startswith("fused_attention")] and \
+        not [n for n in names if "softmax" in n or "matmul" in n], names
+
+    vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16", target_kind="llvm"), target=Target("llvm")),
+                              tvm.cpu())
+    sample = model.inputs.random(seed=4)
+    out = vm["main"](*[tvm.runtime.tensor(sample[n]) for n in "qkv"]).numpy()
+    check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
+
+    for path in (_attention_onnx(str(tmp_path / "axis2.onnx"), seq=48, axis=2),
+                 _attention_onnx(str(tmp_path / "long.onnx"), seq=1024, dim=64)):
+        names = _launches(prepare(load_model(path).mod, Target(H100), precision="fp16")[0])
+        assert not [n for n in names if n.startswith("fused_attention")] and [n for n in names if "softmax" in n]
+
+
+@pytest.mark.gpu
+def test_gpu_fused_attention_transformer_matches_onnxruntime(tmp_path):
+    """The example transformer (two fused attentions) built for the GPU with CUDA graphs, untuned,
+    run on the device against onnxruntime fp32 within the fp16 bound, random 0/1 masks included."""
+    import os
+
+    from tvm import relax
+
+    from tunekit.clients.compiler import compile_and_export
+    from tunekit.frontend.precision import prepare
+    from tunekit.models.examples import save_example
+    from tunekit.numerics import check, compare_outputs
+    from tunekit.run.session import load_model
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
+    model = load_model(save_example("transformer", str(tmp_path / "transformer.onnx"), seq=64, hidden=128))
+    target = target_for(Share("gpu", 100))
+    prepared, precision = prepare(model.mod, target, precision="fp16")
+    assert precision == "fp16" and sum(n.startswith("fused_attention") for n in _launches(prepared)) == 2
+    path = compile_and_export(prepared_mod=prepared, target=target, database=None, path=str(tmp_path / "t.so"))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cuda(0))
+    for seed in (1, 2):
+        sample = model.inputs.random(seed=seed)
+        out = vm["main"](*[tvm.runtime.tensor(sample[n], device=tvm.cuda(0)) for n in model.inputs.shapes])
+        check(compare_outputs(model.output_names, [out.numpy()], model.reference(sample)), precision="fp16")
