@@ -57,7 +57,7 @@ def main(argv=None) -> None:
                          "build_s": round(time.perf_counter() - started, 1)})
             print(f"{variant}: {rows[-1]}", file=sys.stderr, flush=True)
         for pct in pcts:
-            with ShareSession(Share("gpu", pct)) as session:
+            with ShareSession(Share("gpu", pct), allow_unenforced=False) as session:
                 for row in rows:
                     info, outputs = measure_latency(artifact=artifacts[row["variant"]], inputs=sample,
                                                     pinned=session.pinned, repeats=args.repeats)

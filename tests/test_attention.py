@@ -151,6 +151,37 @@ def test_an_attention_graph_becomes_one_kernel_and_computes_the_same(tmp_path):
         assert not [n for n in names if n.startswith("fused_attention")] and [n for n in names if "softmax" in n]
 
 
+def test_the_fused_kernel_is_built_as_written_and_never_searched(tmp_path):
+    """Extraction lists the hand-written kernel as a task too, marked on its PrimFunc (the module's
+    attrs are empty): the tuner must skip it (searching it crashed a BERT tune on the H100)."""
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import already_scheduled, extract_tasks
+    from tunekit.models.examples import save_example
+    from tunekit.run.session import load_model
+
+    model = load_model(save_example("transformer", str(tmp_path / "transformer.onnx")))
+    prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
+    tasks = extract_tasks(prepared, Target(H100))
+    assert [t.task_name for t in tasks if already_scheduled(t)] == ["fused_attention"]
+    assert len(tasks) > 5 and not any(t.mod.attrs.get("tirx.is_scheduled", False) for t in tasks)
+
+
+@pytest.mark.gpu
+def test_gpu_tune_of_a_transformer_skips_the_fused_kernel_and_keeps_it(tmp_path):
+    import json
+
+    from tunekit.models.examples import save_example
+    from tunekit.testing import run_cli
+
+    onnx_path = save_example("transformer", str(tmp_path / "transformer.onnx"))
+    proc = run_cli("tune", onnx_path, "--gpu-pct", "40", "--trials", "24", "--out", tmp_path / "t", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["precision"] == "fp16" and report["trials"]["measured"] >= 16
+    assert not [t for t in report["tasks"] if "attention" in t["name"]]
+    assert min(o["cosine"] for o in report["numerics"]["tuned"]) > 0.999
+
+
 @pytest.mark.gpu
 def test_gpu_fused_attention_transformer_matches_onnxruntime(tmp_path):
     """The example transformer (two fused attentions) built for the GPU with CUDA graphs, untuned,

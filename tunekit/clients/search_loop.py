@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..config import TuneConfig
 from ..interrupts import stop_requested
 from ..records.baselines import workload_key
-from ..frontend.tasks import task_family, task_flops
+from ..frontend.tasks import already_scheduled, task_family, task_flops
 from ..records.database import commit_workload_durably, mean_run_us
 from . import callbacks
 from .intrinsics import prepare_metaschedule_logging
@@ -223,7 +223,7 @@ class SearchLoop:
         req, config = self.req, self.req.config
         t0 = time.perf_counter()
         # extracted_tasks_to_tune_contexts skips already-scheduled tasks: keep the lists aligned.
-        keep = [i for i, t in enumerate(req.extracted_tasks) if not t.mod.attrs.get("tirx.is_scheduled", False)]
+        keep = [i for i, t in enumerate(req.extracted_tasks) if not already_scheduled(t)]
         extracted = [req.extracted_tasks[i] for i in keep]
         budgets = [req.task_budgets[i] for i in keep] if req.task_budgets is not None else None
         kind = req.target.kind.name

@@ -30,6 +30,16 @@ def extract_tasks(prepared_mod, target):
     return tasks
 
 
+def already_scheduled(task) -> bool:
+    """A task whose kernel is scheduled already (hand-written, like frontend.attention_kernel's): it
+    is built as it is and never searched. Extraction lists such tasks too, and marks the PrimFunc,
+    not the module, so the module's attrs alone miss it (the search then crashed on a kernel with
+    no blocks: "Cannot treat type tirx.SeqStmt as type s_tir.SBlockRealize")."""
+    if task.mod.attrs and task.mod.attrs.get("tirx.is_scheduled", False):
+        return True
+    return any(func.attrs and func.attrs.get("tirx.is_scheduled", False) for func in task.mod.functions.values())
+
+
 def task_flops(mod) -> float:
     """Floating-point operations of one call of a task's kernel (TVM's estimate); 1.0 when the
     estimator does not know an op (cheap, not an error)."""

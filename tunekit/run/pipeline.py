@@ -336,4 +336,6 @@ def _tensor_core_counts(tasks: list[dict]) -> dict:
 
 def _unscheduled(tasks: list) -> list:
     """The tasks that still need a schedule (extraction also lists functions already scheduled)."""
-    return [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
+    from ..frontend.tasks import already_scheduled
+
+    return [t for t in tasks if not already_scheduled(t)]
