@@ -35,8 +35,9 @@ def _mask_operand(shape):
     return Operand(tuple(shape), F16, 0, tuple(0 if d == 1 else s for d, s in zip(padded, _strides(padded))))
 
 
-def _run_on_cpu(spec, *arrays):
-    lib = tvm.compile(tvm.IRModule({"main": attention_kernel(spec, gpu=False)}), target=Target({"kind": "llvm"}))
+def _run_on_cpu(spec, *arrays, tensor_cores=True):
+    kernel = attention_kernel(spec, gpu=False, tensor_cores=tensor_cores)
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=Target({"kind": "llvm"}))
     out = tvm.runtime.tensor(np.zeros((spec.batch, spec.seq, spec.heads, spec.head_dim), F16))
     lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
     return out.numpy().transpose(0, 2, 1, 3).astype(np.float64)  # [B, S, H, D] -> [B, H, S, D]
@@ -46,6 +47,17 @@ def test_kernel_reads_q_k_v_in_place_from_a_combined_projection():
     """BERT's layout: Q, K and V are column ranges of one [B, S, 3 * H * D] tensor (K first, as
     frontend.combine orders them there), 40 query rows (not a whole number of 16-row tiles), a
     full [1, 1, S, S] mask with one row masked everywhere (its output is zeros)."""
+    spec, qkv, mask, want = _combined_projection_case()
+    assert plan(spec).query_tiles == 3 and spec.k.vector(spec.head_dim) == 8  # 16-byte loads of the aligned rows
+    for tensor_cores in (True, False):  # the tensor-core body (head dim 64) and the CUDA-core one
+        assert plan(spec, tensor_cores=tensor_cores).tensor_cores == tensor_cores
+        got = _run_on_cpu(spec, qkv, qkv, qkv, mask, tensor_cores=tensor_cores)
+        assert np.abs(want[0, :, 5]).max() == 0 and np.abs(got[0, :, 5]).max() == 0
+        np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
+
+
+def _combined_projection_case():
+    """(spec, qkv, mask, expected context [B, H, S, D]) of _kernel_reads_q_k_v_in_place_..."""
     b, h, s, d = 1, 3, 40, 64
     c = 3 * h * d
     rng = np.random.default_rng(0)
@@ -57,16 +69,11 @@ def test_kernel_reads_q_k_v_in_place_from_a_combined_projection():
         return Operand((b, s, c), F16, offset, (s * c, d, c, 1))
 
     spec = Attention(b, h, s, s, d, view(h * d), view(0), view(2 * h * d), _mask_operand(mask.shape), 0.125)
-    assert plan(spec).query_tiles == 3 and view(0).vector(d) == 8  # 16-byte loads of the aligned rows
-    got = _run_on_cpu(spec, qkv, qkv, qkv, mask)
-
     heads = qkv.reshape(b, s, 3, h, d).transpose(2, 0, 3, 1, 4)  # [K|Q|V, B, H, S, D]
-    want = _reference(heads[1], heads[0], heads[2], mask, 0.125)
-    assert np.abs(want[0, :, 5]).max() == 0 and np.abs(got[0, :, 5]).max() == 0
-    np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
+    return spec, qkv, mask, _reference(heads[1], heads[0], heads[2], mask, 0.125)
 
 
-@pytest.mark.parametrize("d", [16, 12])
+@pytest.mark.parametrize("d", [16, 12, 32])
 def test_kernel_reads_separate_tensors_and_a_transposed_k(d):
     """Q and V as [B, H, S, D] tensors, K^T as a [B, H, D, SK] tensor (strided, scalar loads), more
     keys than queries, a [1, SK] padding mask broadcast over heads and rows; d=12 is not a whole
@@ -167,6 +174,27 @@ def test_the_fused_kernel_is_built_as_written_and_never_searched(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_gpu_kernel_computes_the_attention(tensor_cores):
+    """The GPU build of both bodies on the device, against numpy: this is where the tensor-core
+    body's fragment layouts are checked (the CPU variant computes the same elements by loops)."""
+    import os
+
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
+    spec, qkv, mask, want = _combined_projection_case()
+    target = target_for(Share("gpu", 100))
+    with target:
+        lib = tvm.compile(tvm.IRModule({"main": attention_kernel(spec, tensor_cores=tensor_cores)}), target=target)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.zeros((spec.batch, spec.seq, spec.heads, spec.head_dim), F16), device=dev)
+    lib["main"](*[tvm.runtime.tensor(a, device=dev) for a in (qkv, qkv, qkv, mask)], out)
+    np.testing.assert_allclose(out.numpy().transpose(0, 2, 1, 3).astype(np.float64), want, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
 def test_gpu_tune_of_a_transformer_skips_the_fused_kernel_and_keeps_it(tmp_path):
     import json
 
@@ -184,8 +212,9 @@ def test_gpu_tune_of_a_transformer_skips_the_fused_kernel_and_keeps_it(tmp_path)
 
 @pytest.mark.gpu
 def test_gpu_fused_attention_transformer_matches_onnxruntime(tmp_path):
-    """The example transformer (two fused attentions) built for the GPU with CUDA graphs, untuned,
-    run on the device against onnxruntime fp32 within the fp16 bound, random 0/1 masks included."""
+    """The example transformer (two fused attentions, head dim 32: the tensor-core body) built for
+    the GPU with CUDA graphs, untuned, run on the device against onnxruntime fp32 within the fp16
+    bound, random 0/1 masks included."""
     import os
 
     from tvm import relax
@@ -199,7 +228,7 @@ def test_gpu_fused_attention_transformer_matches_onnxruntime(tmp_path):
     from tunekit.targets import target_for
 
     os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
-    model = load_model(save_example("transformer", str(tmp_path / "transformer.onnx"), seq=64, hidden=128))
+    model = load_model(save_example("transformer", str(tmp_path / "transformer.onnx"), seq=64, hidden=128, heads=4))
     target = target_for(Share("gpu", 100))
     prepared, precision = prepare(model.mod, target, precision="fp16")
     assert precision == "fp16" and sum(n.startswith("fused_attention") for n in _launches(prepared)) == 2
