@@ -53,7 +53,7 @@ def worker(args) -> None:
         with target:
             kernel = attention_kernel(spec, tensor_cores=tensor_cores)
             lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
-        timer = lib.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
+        timer = lib.mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
         secs = sorted(timer(qkv, qkv, qkv, mask, out).results)
         print(json.dumps({"body": "mma" if shape.tensor_cores else "simt", "median_us": round(secs[len(secs) // 2] * 1e6, 3),
                           "min_us": round(secs[0] * 1e6, 3), "blocks": shape.query_tiles * spec.heads,

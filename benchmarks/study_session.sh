@@ -38,7 +38,7 @@ case "$1" in
     {
       echo "set -u"
       for step in ${STEPS//,/ }; do case $step in
-        pytest) echo "timeout 420 python3 -m pytest -q -m gpu tests > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
+        pytest) echo "timeout 600 python3 -m pytest -q -m gpu tests > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
         attn) for m in ${MODELS//,/ }; do
              echo "python3 benchmarks/attention_fusion.py --model /tmp/vs/$m.onnx --gpu-pct ${ATTN_PCTS:-40,100}" \
                   "--repeats 200 --json $R/attention_fusion-$m.json > $R/attention_fusion-$m.md 2> $R/attention_fusion-$m.log"
