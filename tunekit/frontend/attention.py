@@ -224,8 +224,10 @@ class FuseAttention(PyExprMutator):
         q_expr, kt_expr = qk.args
         batch, heads, seq, dim = _shape(q_expr) or (0, 0, 0, 0)
         scores_shape = _shape(qk)
-        if scores_shape is None or len(scores_shape) != 4 or _shape(v) != (batch, heads, scores_shape[3], dim):
-            return None
+        if scores_shape is None or len(scores_shape) != 4 or scores_shape[:3] != (batch, heads, seq) or \
+                _shape(kt_expr) != (batch, heads, dim, scores_shape[3]) or \
+                _shape(v) != (batch, heads, scores_shape[3], dim):
+            return None  # broadcast batch or heads (one K for all heads, say): not what the kernel reads
         q, k, vv = self._operand(q_expr, "bhsd"), self._operand(kt_expr, "bhds"), self._operand(v, "bhsd")
         if q is None or k is None or vv is None or vv[2] != 1.0:
             return None
