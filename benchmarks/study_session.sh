@@ -9,7 +9,8 @@
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease)
-#   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`
+#   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
+#           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
@@ -57,6 +58,9 @@ case "$1" in
              echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${TRIALS:-1000} --trials-per-iter 16" \
                   "--time-budget ${TIME_S:-600} --out $W/$m-gpu40 --json > $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
              echo "echo \"$m-gpu40 tune rc=\$?\"; cp $W/$m-gpu40/report.json $R/$m-gpu40/ 2>/dev/null"
+             # where the tuned model's time goes, kernel by kernel, as the whole model runs
+             echo "python3 benchmarks/kernel_profile.py /tmp/vs/$m.onnx --gpu-pct 40 --records $W/$m-gpu40/records-gpu40" \
+                  "--json $R/$m-gpu40/kernel_profile.json > $R/$m-gpu40/kernel_profile.md 2> $R/$m-gpu40/kernel_profile.log"
            done ;;
         study) for m in ${MODELS//,/ }; do
              echo "mkdir -p $R/$m"
