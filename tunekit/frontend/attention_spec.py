@@ -1,0 +1,141 @@
+"""What the fused attention kernel computes and how it is laid out: the operands (where each of Q,
+K and V is in its source tensor), the launch plan (which body, how many threads, shared memory),
+and the loops and loads both bodies share. frontend.attention_kernel builds the kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+F16, F32 = "float16", "float32"
+ROWS = 16            # query rows per thread block (one m16 tile)
+VECTOR = 8           # fp16 elements per 16-byte load
+SHARED_LIMIT = 48 * 1024  # static shared memory per block (what TVM's CUDA codegen declares)
+SIMT_THREADS_PER_ROW = 16
+MMA_WARPS = 4
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Where Q, K or V element (b, h, s, d) is in its source tensor: flat offset + strides."""
+
+    shape: tuple[int, ...]   # the source tensor's shape (what call_tir passes)
+    dtype: str
+    offset: int
+    strides: tuple[int, int, int, int]  # of b, h, s, d
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def vector(self, head_dim: int) -> int:
+        """Elements per load: 16-byte loads where d is contiguous and every start is 8-aligned."""
+        sb, sh, ss, sd = self.strides
+        aligned = all(x % VECTOR == 0 for x in (self.offset, sb, sh, ss, head_dim))
+        return VECTOR if sd == 1 and aligned and self.dtype == F16 else 1
+
+
+@dataclass(frozen=True)
+class Attention:
+    """softmax(Q K^T * scale + mask) V for Q [B, H, S, D] and K, V [B, H, SK, D]."""
+
+    batch: int
+    heads: int
+    seq: int        # query rows
+    keys: int       # key rows
+    head_dim: int
+    q: Operand
+    k: Operand
+    v: Operand
+    mask: Operand   # strides of (b, h, i, j); 0 along broadcast dims
+    scale: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    tensor_cores: bool
+    threads: int
+    keys: int              # keys padded: SIMT, a multiple of 16 threads per row; mma, of 32 (8 per warp tile)
+    query_tiles: int
+    shared_bytes: int
+
+
+def plan(spec: Attention, *, tensor_cores: bool = True) -> Plan | None:
+    """The kernel body and launch shape for `spec`, or None when its K and V do not fit a block.
+    `tensor_cores=False`: the CUDA-core body whatever the head dim (for comparisons)."""
+    d, tiles = spec.head_dim, -(-spec.seq // ROWS)
+    if tensor_cores and d % (8 * MMA_WARPS) == 0:
+        keys = -(-spec.keys // (8 * MMA_WARPS)) * 8 * MMA_WARPS
+        # Q, K, V with rows padded by 16 bytes (conflict-free fragment loads; P reuses K's), and
+        # the per-row max / sum partials of 4 threads x 4 warps
+        shared = (ROWS + 2 * keys) * (d + VECTOR) * 2 + 2 * ROWS * 4 * MMA_WARPS * 4
+        if shared <= SHARED_LIMIT:
+            return Plan(True, 32 * MMA_WARPS, keys, tiles, shared)
+    keys = -(-spec.keys // SIMT_THREADS_PER_ROW) * SIMT_THREADS_PER_ROW
+    # K (padded rows; P reuses it), V and Q in fp16; scores and the row max / sum partials in fp32
+    shared = (max(keys * (d + VECTOR), ROWS * keys) * 2 + keys * d * 2 + ROWS * d * 2
+              + ROWS * keys * 4 + 2 * ROWS * SIMT_THREADS_PER_ROW * 4)
+    if shared > SHARED_LIMIT:
+        return None
+    return Plan(False, ROWS * SIMT_THREADS_PER_ROW, keys, tiles, shared)
+
+
+class Loops:
+    """What the two kernel bodies share: the loop kinds and scopes of the GPU / CPU variants, where
+    an operand's element is, the cooperative load of operand rows into shared memory, and the
+    kernel's signature around a body's per-block macro."""
+
+    def __init__(self, spec: Attention, shape: Plan, *, gpu: bool):
+        from tvm.script import tirx as T
+
+        self.spec, self.shape, self.gpu = spec, shape, gpu
+        self.threads = (lambda n: T.thread_binding(n, thread="threadIdx.x")) if gpu else T.serial
+        self.blocks = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if gpu else T.serial
+        self.shared = "shared" if gpu else "global"
+        self.local = "local" if gpu else "global"  # per-thread state that lives across phases (mma body)
+        D, NT = spec.head_dim, shape.threads
+        at = self.at
+
+        @T.macro
+        def load_rows(dst, src, op, count, first, valid, vec, row_stride, b, h, tx):
+            """dst's rows 0..count-1 = rows first..first+count-1 of operand `op` (zeros past `valid`)."""
+            for it in T.serial(-(-(count * D // vec) // NT)):
+                c = it * NT + tx
+                if c < count * D // vec:
+                    for e in T.vectorized(vec):
+                        dst[c // (D // vec) * row_stride + c % (D // vec) * vec + e] = T.if_then_else(
+                            first + c // (D // vec) < valid,
+                            src[at(op, b, h, first + c // (D // vec), c % (D // vec) * vec + e)], T.float16(0))
+
+        self.load_rows = load_rows
+
+    @staticmethod
+    def at(op: Operand, b, h, s, d):
+        sb, sh, ss, sd = op.strides
+        return op.offset + b * sb + h * sh + s * ss + d * sd
+
+    def kernel(self, block):
+        """The PrimFunc (q_src, k_src, v_src, mask, out[B, S, H, D] fp16): one thread block per
+        (batch b, head h, query tile from row i0), whose work is the macro
+        `block(qf, kf, vf, mf, out, b, h, i0)` (the operands as flat buffers)."""
+        from tvm.script import tirx as T
+
+        spec, loops = self.spec, self
+        q, k, v, m = spec.q, spec.k, spec.v, spec.mask
+        B, H, S, D, NQT = spec.batch, spec.heads, spec.seq, spec.head_dim, self.shape.query_tiles
+
+        @T.prim_func
+        def attention(q_src: T.Buffer(q.shape, q.dtype), k_src: T.Buffer(k.shape, k.dtype),
+                      v_src: T.Buffer(v.shape, v.dtype), mask: T.Buffer(m.shape, m.dtype),
+                      out: T.Buffer((B, S, H, D), F16)):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            qf = T.decl_buffer((q.numel(),), q.dtype, data=q_src.data)
+            kf = T.decl_buffer((k.numel(),), k.dtype, data=k_src.data)
+            vf = T.decl_buffer((v.numel(),), v.dtype, data=v_src.data)
+            mf = T.decl_buffer((m.numel(),), m.dtype, data=mask.data)
+            for bx in loops.blocks(B * H * NQT):
+                b = bx // (H * NQT)
+                h = bx // NQT % H
+                i0 = bx % NQT * ROWS
+                block(qf, kf, vf, mf, out, b, h, i0)
+
+        return attention
