@@ -1,14 +1,19 @@
-"""Attention as one kernel against the unfused graph, side by side in one run (untuned, fp16, CUDA graphs).
+"""Fewer kernels, side by side in one run (untuned, fp16, CUDA graphs): attention as one kernel
+(frontend/attention.py) and the GPU kernel folds (frontend/fusion.py), against the graph without them.
 
-Both variants are the same model prepared by tunekit with `fuse_attention` on and off
-(frontend/attention.py), compiled untuned (DLight) with CUDA graphs, and timed by tunekit's
-latency worker at each share, one after the other under one MPS daemon; each is also checked
-against onnxruntime fp32. Needs a GPU.
+Variants (`--variants`, default all three, in this order):
+  unfused  neither: attention as Relax writes it, kernels cut by Relax's zero pipeline;
+  fused    attention as one kernel;
+  folded   attention as one kernel, and gathers and LayerNorm prologues folded (tunekit's default).
+Each is the same model prepared by tunekit, compiled untuned (DLight) with CUDA graphs, and timed by
+tunekit's latency worker at each share, one after the other under one MPS daemon; each is also
+checked against onnxruntime fp32. Needs a GPU.
 
   python benchmarks/attention_fusion.py --model /tmp/vs/bert.onnx --gpu-pct 40,100 --repeats 200 \
       --json results/attention_fusion.json
 
-Prints a markdown table: launches per inference, median ms per share, unfused / fused ratio.
+Prints a markdown table: launches per inference, median ms per share, and each variant's speed-up
+over the first.
 """
 from __future__ import annotations
 
@@ -21,12 +26,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+VARIANTS = {"unfused": (False, False), "fused": (True, False), "folded": (True, True)}  # (attention, folds)
+
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--gpu-pct", default="40")
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--variants", default="unfused,fused,folded")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -47,9 +55,11 @@ def main(argv=None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="tunekit-attn-") as tmp:
         artifacts = {}
-        for variant, fuse in (("unfused", False), ("fused", True)):
+        for variant in args.variants.split(","):
+            fuse, fold = VARIANTS[variant]
             started = time.perf_counter()
-            prepared, precision = prepare(loaded.mod, target, precision="fp16", fuse_attention=fuse)
+            prepared, precision = prepare(loaded.mod, target, precision="fp16", fuse_attention=fuse,
+                                          fold_kernels=fold)
             artifacts[variant] = compile_and_export(prepared_mod=prepared, target=target, database=None,
                                                     path=os.path.join(tmp, f"{variant}.so"))
             rows.append({"variant": variant, "precision": precision, "launches": len(launches(prepared)),
@@ -71,9 +81,10 @@ def main(argv=None) -> None:
         table.append(f"| {row['variant']} | {row['launches']} | {row['attention_kernels']} | "
                      + " | ".join(f"{row[f'gpu{p}_ms']:.4f}" for p in pcts)
                      + f" | {max(o['max_rel_err'] for o in row['numerics']):.2e} |")
-    unfused, fused = rows
-    table.append("| unfused / fused | | | " + " | ".join(
-        f"**{unfused[f'gpu{p}_ms'] / fused[f'gpu{p}_ms']:.2f}x**" for p in pcts) + " | |")
+    first = rows[0]
+    for row in rows[1:]:
+        table.append(f"| {first['variant']} / {row['variant']} | | | " + " | ".join(
+            f"**{first[f'gpu{p}_ms'] / row[f'gpu{p}_ms']:.2f}x**" for p in pcts) + " | |")
     print("\n".join(table))
     if args.json:
         with open(args.json, "w") as fh:

@@ -117,10 +117,11 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         raise TunekitError(f"TVM cannot convert this model to fp16 ({text[:200]}); use --precision fp32") from None
 
 
-def prepare(mod, target, *, precision: str, fuse_attention: bool = True):
+def prepare(mod, target, *, precision: str, fuse_attention: bool = True, fold_kernels: bool = True):
     """(prepared module, precision it is in): `mod` converted, then frontend.tasks.prepare_for_tuning.
     `precision` is resolved first (resolve_precision); `auto` falls back to fp32 when the model
-    cannot be converted (the reason is logged). `fuse_attention`: see convert."""
+    cannot be converted (the reason is logged). `fuse_attention`: see convert; `fold_kernels`: see
+    prepare_for_tuning (both are for comparisons)."""
     from .tasks import prepare_for_tuning
 
     resolved = resolve_precision(precision, target)
@@ -131,4 +132,4 @@ def prepare(mod, target, *, precision: str, fuse_attention: bool = True):
             raise
         log.warning("precision auto: %s; tuning in fp32", exc)
         converted, resolved = mod, "fp32"
-    return prepare_for_tuning(converted, target), resolved
+    return prepare_for_tuning(converted, target, fold_kernels=fold_kernels), resolved

@@ -4,19 +4,24 @@ from __future__ import annotations
 from ..errors import TunekitError
 
 
-def prepare_for_tuning(mod, target):
+def prepare_for_tuning(mod, target, *, fold_kernels: bool = True):
     """The passes extract_tasks needs: without them it silently returns no tasks. Records apply to
     the module this returns. (frontend.precision.prepare converts the precision first.)
 
     A kernel that only reshapes becomes a view here, as the build would make it anyway: so it is
     not a task (the fused attention's [B, S, H, D] output read as [B, S, H * D] was one, weight 12
-    in BERT-base, that the scheduler would have spent trials on)."""
+    in BERT-base, that the scheduler would have spent trials on).
+
+    The kernels are cut by frontend.fusion (Relax's "zero" pipeline, with fewer launches on GPUs;
+    `fold_kernels=False` keeps the zero pipeline's cut, for comparisons)."""
     from tvm import relax
+
+    from .fusion import fuse_kernels
 
     with target:
         mod = relax.transform.DecomposeOpsForInference()(mod)
         mod = relax.transform.CanonicalizeBindings()(mod)
-        mod = relax.get_pipeline("zero")(mod)
+        mod = fuse_kernels(mod, gpu=fold_kernels and target.kind.name == "cuda")
         mod = relax.transform.RewriteDataflowReshape()(mod)
     return mod
 

@@ -1,0 +1,44 @@
+"""Which kernels a model is cut into: Relax's "zero" pipeline (LegalizeOps, AnnotateTIROpPattern,
+FoldConstant, FuseOps, FuseTIR), with two changes on GPUs, where every kernel boundary costs a
+launch of 3-5 µs at a 40% share (benchmarks/results/h100-bert-attention) and most of BERT-base's
+small kernels ran at that floor:
+
+- **Gathers are injective.** AnnotateTIROpPattern calls `take` opaque, because its index is read
+  from a tensor; so nothing fused with it and BERT's embedding lookup, its index wrap-around
+  (where(ids < 0, ids + V, ids)) and the embedding sum were three kernels, and the attention mask's
+  take another. Each output element of a take reads one input element, which is what FuseOps'
+  `kInjective` means; marked so, they fuse like any reshape.
+- **The elementwise kernel in front of a LayerNorm joins it** (frontend.norm_prologue).
+
+CPU targets keep the zero pipeline as it is (nothing measured there).
+"""
+from __future__ import annotations
+
+from tvm import relax
+
+from .norm_prologue import INJECTIVE, fold_norm_prologues
+
+OPAQUE = 8
+GATHERS = ("take",)
+
+
+def mark_gathers_injective(mod):
+    """Legalized `take` kernels, marked opaque by AnnotateTIROpPattern, marked injective."""
+    for gv, func in list(mod.functions.items()):
+        if (gv.name_hint.startswith(GATHERS) and func.attrs is not None
+                and int(func.attrs.get("op_pattern", -1)) == OPAQUE):
+            mod[gv] = func.with_attr("op_pattern", INJECTIVE)
+    return mod
+
+
+def fuse_kernels(mod, *, gpu: bool):
+    """The legalized, fused module (the current target must be set: LegalizeOps reads it)."""
+    mod = relax.transform.LegalizeOps()(mod)
+    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    if gpu:
+        mod = mark_gathers_injective(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    mod = relax.transform.FuseOps()(mod)
+    if gpu:
+        mod, _ = fold_norm_prologues(mod)
+    return relax.transform.FuseTIR()(mod)
