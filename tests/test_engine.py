@@ -11,8 +11,8 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tunekit.clients.build_pool import BuildPool
 from tunekit.records.jsonl import read_records
 from tunekit.testing import (add_one_module, alive_after, build_inputs, distinct, hang_module, local_fleet,
-                             record_keys, record_lines, run_cli, session_runner, take_module, tune_process,
-                             wait_for_records)
+                             pass_failure_module, record_keys, record_lines, run_cli, session_runner, take_module,
+                             tune_process, wait_for_records)
 
 
 def test_build_pool_workers_persist_across_batches(tmp_path):
@@ -30,6 +30,21 @@ def test_build_pool_workers_persist_across_batches(tmp_path):
         # a broken candidate fails alone; the pool goes on
         results = pool.build([BuilderInput(tvm.IRModule({}), target), BuilderInput(add_one_module(), target)])
         assert results[1].error_msg is None
+    finally:
+        pool.shutdown()
+
+
+def test_a_build_that_fails_inside_a_pass_leaves_the_worker_able_to_build(tmp_path):
+    """TVM's pass profiler, left in the pass that threw, failed every later build of the worker
+    ("cannot print pass profile while still in a pass!", then a crash) until it was recycled."""
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path))
+    try:
+        target = tvm.target.Target({"kind": "llvm"})
+        results = pool.build([BuilderInput(m, target) for m in (pass_failure_module(), *[add_one_module()] * 3)])
+        assert "tvm_access_ptr" in results[0].error_msg
+        assert [r.error_msg for r in results[1:]] == [None] * 3
+        summary = pool.profile.summary()
+        assert summary["candidates"] == 3 and summary["pass_timed_candidates"] == 0
     finally:
         pool.shutdown()
 

@@ -60,3 +60,16 @@ def slow_module():
             a[0] = a[0] * T.float32(0.999999) + T.float32(1)
 
     return tvm.IRModule({"main": slow})
+
+
+def pass_failure_module():
+    """Fails inside a lowering pass (an fp32 pointer into an fp16 buffer: the check TVM 0.27 raised
+    for a third of BERT-base's tensor-core candidates before storage-rewrite was turned off)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def mismatched(a: T.Buffer((64,), "float16")):
+        T.evaluate(T.call_extern("int32", "consume", T.tvm_access_ptr(T.type_annotation("float32"), a.data, 0, 64, 1)))
+
+    return tvm.IRModule({"main": mismatched})
