@@ -92,7 +92,9 @@ def main(argv=None) -> None:
     import numpy as np
 
     from tunekit.clients.compiler import compile_and_export
+    from tunekit.clients.intrinsics import import_for_target
     from tunekit.frontend.precision import prepare
+    from tunekit.records.baselines import read_baselines
     from tunekit.records.database import open_database
     from tunekit.run.session import ShareSession, load_model
     from tunekit.shares.share import Share
@@ -102,10 +104,13 @@ def main(argv=None) -> None:
     loaded = load_model(args.model)
     target = target_for(share)
     prepared, precision = prepare(loaded.mod, target, precision=args.precision)
+    import_for_target(target.kind.name)  # a tensor-core record's trace names CUDA's intrinsics
     database = open_database(args.records, create=False, read_only=True) if args.records else None
+    # as the run's artifact is built: a record no faster than its kernel's untuned time is not applied
+    baselines = read_baselines(args.records) if args.records else None
     with tempfile.TemporaryDirectory(prefix="tunekit-kprof-") as tmp:
         artifact = compile_and_export(prepared_mod=prepared, target=target, database=database, cuda_graph=False,
-                                      path=os.path.join(tmp, "model.so"))
+                                      baselines=baselines, path=os.path.join(tmp, "model.so"))
         inputs = os.path.join(tmp, "in.npz")
         np.savez(inputs, **loaded.inputs.random(seed=0))
         with ShareSession(share, allow_unenforced=False) as session:

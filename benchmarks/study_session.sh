@@ -2,7 +2,8 @@
 # Issue 15's study on the device in one lease: one background chain, and device calls of <= 10 minutes that
 # wait on it. A resumed tune re-pays its ~200 s of start-up and finish per call; one process across calls does not.
 #   MODELS=resnet18 bash benchmarks/study_session.sh start   # exports, PyTorch at 40% for scale, then the chain
-#   bash benchmarks/study_session.sh wait 540                # progress; everything so far comes back in $OUT
+#   bash benchmarks/study_session.sh wait 540 [PATTERN]      # progress; everything so far comes back in $OUT
+#                                                            # (returns early once PATTERN is in the chain's log)
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu
 #   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
@@ -10,7 +11,9 @@
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
-#           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs)
+#           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs).
+#           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
+#           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
@@ -54,9 +57,11 @@ case "$1" in
                   "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"
              echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
         tune40) for m in ${MODELS//,/ }; do  # each model tuned at 40% alone (issue 13's tuned column)
-             echo "mkdir -p $R/$m-gpu40"
+             echo "mkdir -p $R/$m-gpu40 $W/$m-gpu40"
+             resume=""; earlier=${RESUME_DIR:-}/records-$m-gpu40.tgz
+             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$m-gpu40"
              echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${TRIALS:-1000} --trials-per-iter 16" \
-                  "--time-budget ${TIME_S:-600} --out $W/$m-gpu40 --json > $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
+                  "--time-budget ${TIME_S:-600} $resume --out $W/$m-gpu40 --json > $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
              echo "echo \"$m-gpu40 tune rc=\$?\"; cp $W/$m-gpu40/report.json $R/$m-gpu40/ 2>/dev/null"
              # where the tuned model's time goes, kernel by kernel, as the whole model runs
              echo "python3 benchmarks/kernel_profile.py /tmp/vs/$m.onnx --gpu-pct 40 --records $W/$m-gpu40/records-gpu40" \
@@ -79,7 +84,8 @@ case "$1" in
     ;;
   wait)
     end=$((SECONDS + ${2:-540}))
-    while [ $SECONDS -lt $end ] && ! grep -q "chain done" "$R/chain.log" 2>/dev/null; do sleep 10; done
+    until=${3:-chain done}
+    while [ $SECONDS -lt $end ] && ! grep -q "$until" "$R/chain.log" 2>/dev/null; do sleep 10; done
     cat "$R/chain.log"; tail -3 "$R/pytest_gpu.txt" 2>/dev/null
     for d in "$W"/*/records-*; do
       [ -f "$d/database_tuning_record.json" ] && echo "$d: $(wc -l < "$d/database_tuning_record.json") records"
