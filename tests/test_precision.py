@@ -106,6 +106,39 @@ def test_tensor_core_candidates_are_tensorized_and_build_on_the_cuda_target(fp16
     assert summary["tensor_core_candidates"] == len(results)
 
 
+def test_a_fresh_process_reads_tensor_core_records(fp16_tasks, tmp_path):
+    """--resume, warm starts and `tunekit compile` open a GPU run's records in a process that has not
+    imported the CUDA tensor intrinsics; the traces name them ("TensorIntrin 'wmma_fill_16x16x16_f32'
+    is not registered" ended a resumed BERT-base run on the H100)."""
+    import subprocess
+    import sys
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.clients.search_loop import is_tensorized
+    from tunekit.records.database import open_database
+
+    _, _, tasks = fp16_tasks
+    conv = next(t for t in tasks if "conv2d1" in t.task_name)
+    import_for_target("cuda")
+    prepare_metaschedule_logging()
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=64, genetic_num_iters=1, init_min_unmeasured=8)
+    (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts([conv], str(tmp_path / "work"),
+                                                                      strategy=strategy, num_threads=2, seed=0)
+    ctx.pre_tuning(max_trials=8, num_trials_per_iter=8, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    candidate = next(c for c in ctx.generate_measure_candidates() if is_tensorized(c.sch.trace))
+    records = str(tmp_path / "records")
+    database = open_database(records)
+    database.commit_tuning_record(ms.database.TuningRecord(
+        candidate.sch.trace, database.commit_workload(conv.mod), [1e-5], Target(H100), candidate.args_info))
+    read = ("import sys; from tunekit.records.database import open_database; "
+            "print(len(open_database(sys.argv[1], create=False).get_all_tuning_records()))")
+    done = subprocess.run([sys.executable, "-c", read, records], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "1", done.stderr[-1500:]
+
+
 def test_gpu_artifacts_capture_a_cuda_graph_and_can_be_built_without(fp16_tasks, tmp_path):
     from tunekit.clients.compiler import compile_and_export
 

@@ -67,23 +67,40 @@ def repair_truncated_tail(path: str) -> int:
 _REPAIRED: dict[str, int] = {}  # database dir -> bytes moved aside when it was last opened
 
 
+def _json_database(path: str, **kwargs):
+    """JSONDatabase parses every record's trace when it opens, and a tensor-core trace names its
+    intrinsics (wmma_fill_16x16x16_f32, ...), which must be registered first: a GPU run's --resume,
+    warm start or `tunekit compile` otherwise died with "TensorIntrin ... is not registered". Only
+    then are the intrinsics imported (tens of seconds on a small CPU, so not for every database)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..clients.intrinsics import import_for_target
+
+    try:
+        return ms.database.JSONDatabase(work_dir=path, module_equality="structural", **kwargs)
+    except Exception as exc:
+        if "TensorIntrin" not in str(exc):
+            raise
+    for kind in ("cuda", "llvm"):
+        import_for_target(kind)
+    return ms.database.JSONDatabase(work_dir=path, module_equality="structural", **kwargs)
+
+
 def open_database(path: str, *, create: bool = True, read_only: bool = False):
     """A share's JSONDatabase. `read_only` (another run's records, e.g. a warm start's source): a
     cut-off last line is not repaired in place, and a database TVM cannot read is one clear error."""
-    from tvm.s_tir import meta_schedule as ms
-
     if (not create or read_only) and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     if read_only:
         try:
-            return ms.database.JSONDatabase(work_dir=path, module_equality="structural", allow_missing=False)
+            return _json_database(path, allow_missing=False)
         except Exception as exc:
             text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise TunekitError(f"cannot read the records in {path}: {text[:200]}") from None
     os.makedirs(path, exist_ok=True)
     _REPAIRED[os.path.abspath(path)] = sum(repair_truncated_tail(os.path.join(path, name))
                                            for name in (WORKLOADS, RECORDS))
-    database = ms.database.JSONDatabase(work_dir=path, module_equality="structural")
+    database = _json_database(path)
     _fsync_dir(path)  # the files JSONDatabase may just have created survive a power cut too
     return database
 
