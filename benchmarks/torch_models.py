@@ -1,5 +1,5 @@
 """The held-out models of the GPU benchmarks, built from torchvision / transformers with random
-weights (seed 0), and their export to ONNX. Runs where torch is installed (the device machine).
+weights (seed 0; torchvision's BatchNorm statistics calibrated on random inputs), and their export to ONNX. Runs where torch is installed (the device machine).
 
   python benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
   python benchmarks/torch_models.py time --model resnet18 --variants eager-fp32,graphs-fp16 --repeats 200
@@ -34,8 +34,26 @@ def build(name: str):
         return model, (ids, mask), ["input_ids", "attention_mask"]
     import torchvision
 
-    model = getattr(torchvision.models, name)(weights=None).eval()
-    return model, (torch.randn(1, 3, 224, 224),), ["x"]
+    model = getattr(torchvision.models, name)(weights=None)
+    _calibrate_batch_norm(model)
+    return model.eval(), (torch.randn(1, 3, 224, 224),), ["x"]
+
+
+def _calibrate_batch_norm(model, *, batches: int = 4) -> None:
+    """Give BatchNorm the running statistics of the random network's own activations, as training
+    would. With torchvision's fresh statistics (mean 0, variance 1) MobileNetV2's activations shrink
+    layer by layer to logits of ~1e-9, below fp16's range, so its fp16 build fails any numerics
+    check (cosine 0). The weights stay random (seed 0); only the BN statistics change."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None  # a cumulative average over the calibration batches
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(8, 3, 224, 224))
 
 
 def export(name: str, out: str) -> None:

@@ -78,10 +78,13 @@ class TuneConfig:
     #   10.3 s per search of 16, 13.0 s of 32), and the search set the pace of the run
     #   (benchmarks/results/h100-resnet18-search-per-trial). The scheduler still hands out batches of
     #   trials_per_iter, so every task gets its turn as early as before.
+    # - A task's first search only samples and ranks (search_first_look; None = on CUDA, off on CPU):
+    #   no generations before the task has a measurement to steer them (clients.first_look).
     search_population: int | None = None
     search_genetic_iters: int | None = None
     search_init_samples: int | None = None
     search_batches: int | None = None
+    search_first_look: bool | None = None
     # ---- fleet, faults and security (README "Security"): no runner server of the share reachable for this long
     # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
     servers_gone_timeout_s: float = 120.0
@@ -107,6 +110,11 @@ class TuneConfig:
         if self.search_batches is not None:
             return self.search_batches
         return 4 if target_kind == "cuda" else 1
+
+    def first_look_for(self, target_kind: str) -> bool:
+        if self.search_first_look is not None:
+            return self.search_first_look
+        return target_kind == "cuda"
 
     def init_samples_for(self, target_kind: str) -> int:
         if self.search_init_samples is not None:
@@ -145,6 +153,8 @@ class TuneConfig:
                 raise TunekitError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if self.robust and self.search_per_share:
             raise TunekitError("--robust needs every candidate measured at every share: drop --search-per-share")
+        if self.search_first_look is not None and not isinstance(self.search_first_look, bool):
+            raise TunekitError(f"search_first_look must be true, false or null, not {self.search_first_look!r}")
         if self.task_scheduler not in ("gradient", "score"):
             raise TunekitError(f"task_scheduler must be gradient or score, not {self.task_scheduler!r}")
         if self.precision not in ("auto", "fp32", "fp16"):

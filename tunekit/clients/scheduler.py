@@ -71,6 +71,7 @@ class TaskState:
     # one search serves several batches); the task's next batches take them before it searches again.
     reserve: list = field(default_factory=list)
     searches: int = 0                             # searches run for the task (this share's view)
+    first_looks: int = 0                          # of them, first searches that only sampled (clients.first_look)
     failed_build: int = 0   # of `failed`: candidates that never built (the others built but failed to run)
     first_errors: dict = field(default_factory=dict)  # "build" / "run" -> the first such error, one line
 

@@ -32,7 +32,7 @@ from ..interrupts import stop_requested
 from ..records.baselines import workload_key
 from ..frontend.tasks import already_scheduled, task_family, task_flops
 from ..records.database import commit_workload_durably, mean_run_us
-from . import callbacks
+from . import callbacks, first_look
 from .intrinsics import prepare_metaschedule_logging
 from .scheduler import TaskScheduler, TaskState, mark_negligible
 
@@ -307,7 +307,14 @@ class SearchLoop:
         """Run `lane`'s search for `task` once: its picks go to the task's reserve, best predicted first.
         False when the search has nothing more to give."""
         mine = self.lanes[lane].tasks[task.index]
-        found = mine.ctx.generate_measure_candidates()
+        config, kind = self.req.config, self.device_type
+        if mine.searches == 0 and not mine.seen and config.first_look_for(kind):
+            # Nothing measured for this task yet: sample and rank, no generations (clients.first_look).
+            found = first_look.sample_ranked(mine.ctx, self.lanes[lane].cost_model, population=config.population,
+                                             keep=config.trials_per_iter * config.search_batches_for(kind))
+            mine.first_looks += 1
+        else:
+            found = mine.ctx.generate_measure_candidates()
         mine.searches += 1
         if not found:
             return False
@@ -316,7 +323,11 @@ class SearchLoop:
         marked = {k for k, text in zip(keys, texts) if _TENSORIZE_MARK in text}
         for each in self.lanes:
             each.tasks[task.index].tensorized.update(marked)
-        mine.reserve.extend(zip(found, keys))
+        queued = {key for _, key in mine.reserve}
+        for candidate, key in zip(found, keys):
+            if key not in queued:  # random samples can repeat one another
+                queued.add(key)
+                mine.reserve.append((candidate, key))
         return True
 
     def _build_and_submit(self, batch: _Batch):
@@ -545,6 +556,7 @@ class SearchLoop:
         rows = [{"name": t.name, "workload_hash": workload_key(t.ctx.mod), "weight": int(t.weight),
                  "trials": t.measured, "failed": t.failed, "failed_build": t.failed_build,
                  **({"first_errors": t.first_errors} if t.first_errors else {}), "searches": t.searches,
+                 **({"first_looks": t.first_looks} if t.first_looks else {}),
                  **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None,
