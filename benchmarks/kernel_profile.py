@@ -73,13 +73,23 @@ def table(calls: dict, repeats: int) -> tuple[list[dict], str]:
     return rows, "\n".join(lines)
 
 
+def _run_precision(records: str | None) -> str:
+    """The precision a run tuned in, from the report.json next to its records folder."""
+    report = os.path.join(os.path.dirname(os.path.abspath(records)), "report.json") if records else ""
+    if os.path.isfile(report):
+        with open(report) as fh:
+            return json.load(fh).get("precision") or "auto"
+    return "auto"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
     parser.add_argument("--gpu-pct", type=int)
     parser.add_argument("--cpu-pct", type=int)
     parser.add_argument("--records", help="a run's records-<share> folder: apply them as tunekit does")
-    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--precision", help="default: the precision the run of --records tuned in (its "
+                        "report.json: auto may have fallen back to fp32), else auto")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json")
     parser.add_argument("--worker", nargs=3, metavar=("ARTIFACT", "INPUTS", "DEVICE"), help=argparse.SUPPRESS)
@@ -103,7 +113,7 @@ def main(argv=None) -> None:
     share = Share("gpu", args.gpu_pct) if args.gpu_pct is not None else Share("cpu", args.cpu_pct)
     loaded = load_model(args.model)
     target = target_for(share)
-    prepared, precision = prepare(loaded.mod, target, precision=args.precision)
+    prepared, precision = prepare(loaded.mod, target, precision=args.precision or _run_precision(args.records))
     import_for_target(target.kind.name)  # a tensor-core record's trace names CUDA's intrinsics
     database = open_database(args.records, create=False, read_only=True) if args.records else None
     # as the run's artifact is built: a record no faster than its kernel's untuned time is not applied

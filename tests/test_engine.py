@@ -219,7 +219,7 @@ def test_a_tasks_first_search_only_samples_and_later_searches_evolve(example_mod
     """search_first_look: each task's first search samples and ranks (no generations, which have no
     measurement of the task to steer them); its later searches are MetaSchedule's evolutionary
     search. The budget holds and nothing is measured twice."""
-    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\nsearch_first_look: true\n", trials=16,
+    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\n", trials=16,
                           per_iter=2)
     tuned_tasks = [task for task in report["tasks"] if task["trials"]]
     assert tuned_tasks and all(task["first_looks"] == 1 for task in tuned_tasks)

@@ -307,8 +307,8 @@ class SearchLoop:
         """Run `lane`'s search for `task` once: its picks go to the task's reserve, best predicted first.
         False when the search has nothing more to give."""
         mine = self.lanes[lane].tasks[task.index]
-        config, kind = self.req.config, self.device_type
-        if mine.searches == 0 and not mine.seen and config.first_look_for(kind):
+        config, kind = self.req.config, self.req.target.kind.name
+        if mine.searches == 0 and not mine.seen and config.search_first_look:
             # Nothing measured for this task yet: sample and rank, no generations (clients.first_look).
             found = first_look.sample_ranked(mine.ctx, self.lanes[lane].cost_model, population=config.population,
                                              keep=config.trials_per_iter * config.search_batches_for(kind))
