@@ -1,5 +1,6 @@
 """The held-out models of the GPU benchmarks, built from torchvision / transformers with random
-weights (seed 0; torchvision's BatchNorm statistics calibrated on random inputs), and their export to ONNX. Runs where torch is installed (the device machine).
+weights (seed 0; torchvision's BatchNorm statistics calibrated on random inputs), and their export
+to ONNX. Runs where torch is installed (the device machine).
 
   python benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
   python benchmarks/torch_models.py time --model resnet18 --variants eager-fp32,graphs-fp16 --repeats 200
