@@ -15,6 +15,14 @@ tuned-at-100 at S. Per-task launch shapes (blocks x threads against the share's 
 reads every share's records (each candidate was measured at every share) and writes W/study_tasks.{json,md}:
 per task, the best kernel at each share, what the kernel that was best at the reference share takes at each
 share (the cost of tuning at the wrong share, per task), and the launch shape of each share's best.
+
+  python benchmarks/share_study.py compare --work W --alone gpu40=A40 --alone gpu20=A20 [--rounds 5]
+
+issue 15's "each share's tuned latency is within 3% of a separate search for that share at equal trials":
+the build-once run's artifact for a share (W/<model>-<share>.so) against the artifact of a search for that
+share alone (A: a tune out dir, or a .so), both run at that share. Rounds alternate which goes first, in
+one process, so drift and order hit both alike. Writes W/study_vs_alone.{json,md}: p50 per round, the
+median ratio (build-once / alone; <= 1.03 meets the target) and each run's measured trials.
 """
 from __future__ import annotations
 
@@ -76,6 +84,75 @@ def write(work: str, study: dict, kind: str, pcts: list[int]) -> str:
         json.dump(study, fh, indent=1)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(work, "study_matrix.md"), "w") as fh:
+        fh.write(text)
+    return text
+
+
+def _artifact_of(spec: str, share: str) -> str:
+    """A tune out dir's artifact for `share` (<model>-<share>.so), or the .so itself."""
+    if spec.endswith(".so"):
+        return spec
+    found = artifacts(spec, re.match(r"[a-z]+", share).group(0)).get(share)
+    if not found:
+        raise SystemExit(f"no *-{share}.so in {spec}")
+    return found
+
+
+def _measured_trials(path: str) -> int | None:
+    """The records behind an artifact (its metadata's tuned_trials: the share's database size), the same
+    count for a build-once share and a search alone."""
+    from tunekit.deploy.metadata import read_metadata
+
+    try:
+        return read_metadata(path).tuned_trials
+    except Exception:  # an artifact without metadata: the count is only a label here
+        return None
+
+
+def compare_alone(work: str, alone: dict[str, str], rounds: int, repeats: int) -> dict:
+    """{share: {"build_once_ms": [...], "alone_ms": [...], "ratio": median ratio, trials}} at each share."""
+    import statistics
+
+    from tunekit.deploy import bench
+
+    kind = re.match(r"[a-z]+", next(iter(alone))).group(0)
+    mine = artifacts(work, kind)
+    out = {}
+    for share, spec in alone.items():
+        pair = {"build_once": mine.get(share), "alone": _artifact_of(spec, share)}
+        if not pair["build_once"]:
+            raise SystemExit(f"no build-once artifact for {share} in {work}")
+        pct = int(share[len(kind):])
+        times = {"build_once": [], "alone": []}
+        for r in range(rounds):
+            for label in (("build_once", "alone") if r % 2 == 0 else ("alone", "build_once")):
+                result = bench(pair[label], repeats=repeats, **{f"{kind}_pct": pct})
+                times[label].append(round(result.p50_ms, 4))
+                print(f"{share} round {r} {label}: {result.p50_ms:.4f} ms", flush=True)
+        ratios = [a / b for a, b in zip(times["build_once"], times["alone"])]
+        out[share] = {"build_once_ms": times["build_once"], "alone_ms": times["alone"],
+                      "ratio": round(statistics.median(ratios), 4), "ratio_range": [round(min(ratios), 4),
+                                                                                    round(max(ratios), 4)],
+                      "build_once_trials": _measured_trials(pair["build_once"]),
+                      "alone_trials": _measured_trials(pair["alone"]), "artifacts": pair}
+    return out
+
+
+def write_compare(work: str, result: dict) -> str:
+    lines = ["Build-once artifact against a search for that share alone, both run at the share "
+             "(p50 ms, median over rounds; ratio <= 1.03 meets issue 15's target)", "",
+             "| share | build-once trials | alone trials | build-once ms | alone ms | ratio (range) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    import statistics
+
+    for share, row in result.items():
+        lines.append(f"| {share} | {row['build_once_trials']} | {row['alone_trials']} | "
+                     f"{statistics.median(row['build_once_ms']):.4f} | {statistics.median(row['alone_ms']):.4f} | "
+                     f"{row['ratio']} ({row['ratio_range'][0]}–{row['ratio_range'][1]}) |")
+    with open(os.path.join(work, "study_vs_alone.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(work, "study_vs_alone.md"), "w") as fh:
         fh.write(text)
     return text
 
@@ -174,11 +251,21 @@ def main(argv=None) -> int:
     m.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     m.add_argument("--pcts", default="20,40,60,100")
     m.add_argument("--repeats", type=int, default=200)
+    c = sub.add_parser("compare")
+    c.add_argument("--work", required=True, help="the build-once run's out dir")
+    c.add_argument("--alone", action="append", required=True, metavar="SHARE=DIR_OR_SO",
+                   help="a search for SHARE alone: its tune out dir or artifact (repeatable)")
+    c.add_argument("--rounds", type=int, default=5)
+    c.add_argument("--repeats", type=int, default=200)
     t = sub.add_parser("tasks")
     t.add_argument("--work", required=True)
     t.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     t.add_argument("--reference", default=None, help="the share to compare against (default: <kind>100)")
     args = parser.parse_args(argv)
+    if args.step == "compare":
+        alone = dict(spec.split("=", 1) for spec in args.alone)
+        print(write_compare(args.work, compare_alone(args.work, alone, args.rounds, args.repeats)))
+        return 0
     if args.step == "tasks":
         times = candidate_times(args.work, args.kind)
         shares = sorted(times, key=lambda s: int(s[len(args.kind):]))

@@ -2,8 +2,10 @@
 # Issue 15's study on the device in one lease: one background chain, and device calls of <= 10 minutes that
 # wait on it. A resumed tune re-pays its ~200 s of start-up and finish per call; one process across calls does not.
 #   MODELS=resnet18 bash benchmarks/study_session.sh start   # exports, PyTorch at 40% for scale, then the chain
+#   DRY=1 ... start                                         # print the chain only
 #   bash benchmarks/study_session.sh wait 540 [PATTERN]      # progress; everything so far comes back in $OUT
 #                                                            # (returns early once PATTERN is in the chain's log)
+# PyTorch is timed for TORCH_MODELS (default MODELS); alone and compare run for ALONE_MODELS (default MODELS).
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu
 #   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
@@ -16,6 +18,13 @@
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100
+#   alone   per model: a search for each share of ALONE_PCTS (default 20,40,100) alone, $TRIALS trials each
+#           (`--search-per-share`: one command, the shares in turn, each with TIME_S). A share whose records
+#           an earlier lease made (RESUME_DIR/records-alone-<model>.tgz holding records-gpu<P>) is not
+#           searched again: its artifact is compiled from those records (`tunekit compile`)
+#   compare per model: `share_study.py compare`: the study's artifact at each share against the search alone
+#           (issue 15's "within 3% of a separate search"), rounds alternating, one process. Without a `study`
+#           step, the study's records come from RESUME_DIR/records-<model>.tgz and its artifacts are compiled
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
 # $OUT/records-<run>.tgz (a device call brings back only a few files, so everything travels as tarballs).
 set -uo pipefail
@@ -33,11 +42,12 @@ trap copy EXIT
 case "$1" in
   start)
     MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}
-    for m in ${MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* ]] && echo resnet18); do
+    TORCH_MODELS=${TORCH_MODELS:-$MODELS}
+    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
-    python3 benchmarks/vs_pytorch.py pytorch --models "$MODELS" --pcts ${TORCH_PCTS:-40} \
+    [ -n "${DRY:-}" ] || python3 benchmarks/vs_pytorch.py pytorch --models "$TORCH_MODELS" --pcts ${TORCH_PCTS:-40} \
       --variants graphs-fp32,graphs-fp16 --work /tmp/vs --results "$R" --call-s 240 2>&1 | grep -v "^\$" | tail -3
     {
       echo "set -u"
@@ -75,10 +85,41 @@ case "$1" in
              echo "python3 benchmarks/share_study.py matrix --work $W/$m --kind gpu --pcts 20,40,60,100 > $R/$m/matrix.log 2>&1"
              echo "echo \"$m matrix rc=\$?\"; cp $W/$m/study_matrix.* $R/$m/ 2>/dev/null"
            done ;;
+        alone) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do  # issue 15: a search for each share alone, to compare with the study
+             todo=""; rec=${RESUME_DIR:-}/records-alone-$m.tgz; echo "mkdir -p $R/$m"
+             pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
+               if [ -n "${RESUME_DIR:-}" ] && tar tzf "$rec" 2>/dev/null | grep "^records-gpu$p/" > /dev/null; then
+                 echo "mkdir -p $W/alone-$m-rec && tar xzf $rec -C $W/alone-$m-rec records-gpu$p"
+                 echo "python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/alone-$m-rec --share gpu$p" \
+                      "--out $W/alone-$m-rec/$m-gpu$p.so > $R/$m/alone-compile-gpu$p.log 2>&1; echo \"alone $m gpu$p compiled rc=\$?\""
+               else todo="$todo,$p"; fi
+             done
+             [ -n "$todo" ] && echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct ${todo#,} --search-per-share" \
+                  "--trials ${ALONE_TRIALS:-${TRIALS:-1000}} --trials-per-iter 16 --time-budget ${TIME_S:-600}" \
+                  "--out $W/alone-$m-tune --json > $R/$m/alone-tune.json 2> $R/$m/alone-tune.log;" \
+                  "echo \"alone $m ${todo#,} tune rc=\$?\"; for f in $W/alone-$m-tune/report*.json; do" \
+                  "cp \$f $R/$m/alone-\$(basename \$f); done"
+           done ;;
+        compare) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do
+             # a study of an earlier lease (RESUME_DIR/records-<model>.tgz): its per-share artifacts compiled again
+             study=${RESUME_DIR:-}/records-$m.tgz
+             if [[ ,$STEPS, != *,study,* ]] && [ -n "${RESUME_DIR:-}" ] && [ -f "$study" ]; then
+               echo "mkdir -p $W/$m $R/$m && tar xzf $study -C $W/$m"
+               pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
+                 echo "python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
+                      "> $R/$m/study-compile-gpu$p.log 2>&1; echo \"study $m gpu$p compiled rc=\$?\""
+               done
+             fi
+             echo "specs=\"\"; for so in $W/alone-$m-*/$m-gpu*.so; do [ -f \"\$so\" ] || continue;" \
+                  "sh=\${so##*-}; specs=\"\$specs --alone \${sh%.so}=\$so\"; done"
+             echo "python3 benchmarks/share_study.py compare --work $W/$m \$specs --rounds ${ROUNDS:-5}" \
+                  "> $R/$m/compare.log 2>&1; echo \"$m compare rc=\$?\"; cp $W/$m/study_vs_alone.* $R/$m/ 2>/dev/null"
+           done ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
       esac; done
       echo "echo chain done"
     } > /tmp/study-chain.sh
+    [ -n "${DRY:-}" ] && { cat /tmp/study-chain.sh; exit 0; }  # DRY=1: print the chain, run nothing
     setsid nohup bash /tmp/study-chain.sh > "$R/chain.log" 2>&1 < /dev/null &
     echo "study chain in the background (pid $!): $STEPS"
     ;;
@@ -89,6 +130,6 @@ case "$1" in
     cat "$R/chain.log"; tail -3 "$R/pytest_gpu.txt" 2>/dev/null
     for d in "$W"/*/records-*; do
       [ -f "$d/database_tuning_record.json" ] && echo "$d: $(wc -l < "$d/database_tuning_record.json") records"
-    done; cat "$R"/*/study_matrix.md "$R"/search_scaling.md "$R"/attention_fusion-*.md 2>/dev/null; true
+    done; cat "$R"/*/study_matrix.md "$R"/*/study_vs_alone.md "$R"/search_scaling.md "$R"/attention_fusion-*.md 2>/dev/null; true
     ;;
 esac

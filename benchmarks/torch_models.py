@@ -5,8 +5,12 @@ to ONNX. Runs where torch is installed (the device machine).
   python benchmarks/torch_models.py export --model resnet18 --out /tmp/vs/resnet18.onnx
   python benchmarks/torch_models.py time --model resnet18 --variants eager-fp32,graphs-fp16 --repeats 200
 
-`time` prints one JSON line per variant: {"variant", "median_ms", "p90_ms", "sm_count"}. Run it in a
-process pinned to the share (benchmarks/vs_pytorch.py sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).
+`time` prints one JSON line per variant: {"variant", "median_ms", "p90_ms", "sm_count", "errors"}. Run it in
+a process pinned to the share (benchmarks/vs_pytorch.py sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).
+`errors` is the variant's own numerical error, per output, against the same model in fp32 on the CPU,
+measured the way tunekit's numerics gate measures its artifacts (tunekit.numerics.compare: max abs
+error, max rel error over the reference's largest magnitude, cosine). It says what bound PyTorch's fp16
+itself would pass on these random-weight models.
 fp32 variants run with TF32 tensor cores allowed for matmuls and convs (PyTorch's cuDNN default;
 set for matmuls too), which is what a PyTorch user gets.
 """
@@ -14,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "bert")
 VARIANTS = ("eager-fp32", "graphs-fp32", "compile-fp32", "eager-fp16", "graphs-fp16", "compile-fp16")
@@ -105,15 +112,17 @@ def _timed(fn, repeats: int) -> list[float]:
 
 
 def _callable(variant: str, model, inputs):
+    """(run, outputs): `run()` runs the variant once; `outputs()` is what its last run returned."""
     import torch
 
     mode, dtype = variant.split("-")
     if dtype == "fp16":
         model = model.half()
         inputs = tuple(x.half() if x.is_floating_point() else x for x in inputs)
+    last = {}
     if mode == "compile":
         compiled = torch.compile(model)
-        return lambda: compiled(*inputs)
+        return (lambda: last.__setitem__("out", compiled(*inputs))), lambda: last["out"]
     if mode == "graphs":
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -123,9 +132,36 @@ def _callable(variant: str, model, inputs):
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            model(*inputs)
-        return graph.replay
-    return lambda: model(*inputs)
+            static_out = model(*inputs)  # a replay rewrites these tensors in place
+        return graph.replay, lambda: static_out
+    return (lambda: last.__setitem__("out", model(*inputs))), lambda: last["out"]
+
+
+def _flat(out) -> list:
+    """A model's outputs as a list of numpy float64 arrays (BERT returns an object with two tensors)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out.detach().float().cpu().double().numpy()]
+    if isinstance(out, dict) or hasattr(out, "values"):
+        out = list(out.values())
+    return [t.detach().float().cpu().double().numpy() for t in out if isinstance(t, torch.Tensor)]
+
+
+def _errors(outputs: list, reference: list) -> list[dict]:
+    from tunekit.numerics import compare
+
+    return [{k: float(f"{v:.6g}") for k, v in compare(a, b).items() if k != "error"}
+            for a, b in zip(outputs, reference)]
+
+
+def _cpu_reference(name: str) -> list:
+    """The model's outputs in fp32 on the CPU (no TF32), the reference for every variant's error."""
+    import torch
+
+    model, inputs, _ = build(name)
+    with torch.inference_mode():
+        return _flat(model(*inputs))
 
 
 def time_variants(name: str, variants: list[str], repeats: int) -> None:
@@ -134,14 +170,21 @@ def time_variants(name: str, variants: list[str], repeats: int) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     sm = torch.cuda.get_device_properties(0).multi_processor_count
+    try:
+        reference = _cpu_reference(name)
+    except Exception as exc:  # the timings still count without it
+        print(f"no CPU reference for {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        reference = None
     for variant in variants:
         model, inputs, _ = build(name)
         model, inputs = model.cuda(), tuple(x.cuda() for x in inputs)
         try:
             with torch.inference_mode():
-                times = _timed(_callable(variant, model, inputs), repeats)
+                run, outputs = _callable(variant, model, inputs)
+                times = _timed(run, repeats)
+                errors = _errors(_flat(outputs()), reference) if reference else None
             row = {"variant": variant, "median_ms": times[len(times) // 2], "p90_ms": times[int(len(times) * 0.9)],
-                   "sm_count": sm}
+                   "sm_count": sm, "errors": errors}
         except Exception as exc:  # one variant failing (e.g. compile) must not lose the others
             row = {"variant": variant, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         print(json.dumps(row), flush=True)

@@ -219,7 +219,23 @@ def table(state: dict) -> str:
             ratio = f"{last / best:.2f}" if last and best else ""
             lines.append(f"| {name} | {share} | " + " | ".join(_ms(c) for c in cells)
                          + f" | {_ms(best)} | {_ms(mine.get('untuned_ms'))} | {tuned or '–'} | {ratio} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _error_lines(state)) + "\n"
+
+
+def _error_lines(state: dict) -> list[str]:
+    """PyTorch's own error against the model in fp32 on the CPU, first output, measured as tunekit's
+    numerics gate measures its artifacts (bounds: fp16 max rel 2e-2, cosine 0.9999)."""
+    rows = []
+    for name, entry in state["models"].items():
+        for share, variants in sorted(entry["pytorch"].items()):
+            for variant, row in variants.items():
+                if row.get("errors"):
+                    err = row["errors"][0]
+                    rows.append(f"| {name} | {share} | {variant} | {err['max_rel_err']:.3g} | {err['cosine']:.7f} |")
+    if not rows:
+        return []
+    return ["", "PyTorch's own error (first output) against the same model in fp32 on the CPU:", "",
+            "| model | share | variant | max rel error | cosine |", "| --- | --- | --- | ---: | ---: |", *rows]
 
 
 def main(argv=None) -> None:
