@@ -23,6 +23,11 @@ the build-once run's artifact for a share (W/<model>-<share>.so) against the art
 share alone (A: a tune out dir, or a .so), both run at that share. Rounds alternate which goes first, in
 one process, so drift and order hit both alike. Writes W/study_vs_alone.{json,md}: p50 per round, the
 median ratio (build-once / alone; <= 1.03 meets the target) and each run's measured trials.
+
+  python benchmarks/share_study.py tasks-vs-alone --work W --alone-records A [--alone-records B ...]
+
+the same comparison per task, from the records (A, B: dirs holding records-<share> of searches alone):
+candidates and best us per task at each share, and the weighted sums. Writes W/study_vs_alone_tasks.{json,md}.
 """
 from __future__ import annotations
 
@@ -157,6 +162,49 @@ def write_compare(work: str, result: dict) -> str:
     return text
 
 
+def tasks_vs_alone(work: str, alone_dirs: list[str], kind: str) -> tuple[dict, str]:
+    study = candidate_times(work, kind)
+    alone: dict = {}
+    for folder in alone_dirs:
+        for share, table in candidate_times(folder, kind).items():
+            alone.setdefault(share, {}).update(table)
+    names = {}
+    for path in sorted(glob.glob(os.path.join(work, "report-*.json"))):
+        for row in json.load(open(path)).get("tasks", []):
+            names[row["workload_hash"]] = (row["name"], row.get("weight", 1))
+    result, lines = {}, ["Per task: candidates measured and best us, one search for every share (build-once) "
+                         "against a search for that share alone", ""]
+    for share in sorted(set(study) & set(alone), key=lambda s: int(s[len(kind):])):
+        rows = []
+        for wk in set(study[share]) | set(alone[share]):
+            name, weight = names.get(wk, (wk, 1))
+            mine, theirs = study[share].get(wk, {}), alone[share].get(wk, {})
+            rows.append({"task": name, "weight": weight, "build_once_candidates": len(mine),
+                         "alone_candidates": len(theirs),
+                         "build_once_best_us": round(min(mine.values()), 3) if mine else None,
+                         "alone_best_us": round(min(theirs.values()), 3) if theirs else None})
+        rows.sort(key=lambda r: -r["weight"] * max(r["build_once_best_us"] or 0, r["alone_best_us"] or 0))
+        both = [r for r in rows if r["build_once_best_us"] and r["alone_best_us"]]
+        sums = [sum(r["weight"] * r[k] for r in both) for k in ("build_once_best_us", "alone_best_us")]
+        result[share] = {"tasks": rows, "sum_build_once_us": round(sums[0], 1), "sum_alone_us": round(sums[1], 1)}
+        lines += [f"### {share}: sum over tasks tuned in both (weight x best us) {sums[0]:.1f} vs {sums[1]:.1f} "
+                  f"({sums[0] / sums[1]:.3f}x)", "",
+                  "| task | weight | build-once candidates | alone candidates | build-once best us | alone best us | "
+                  "ratio |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            ratio = (f"{r['build_once_best_us'] / r['alone_best_us']:.3f}"
+                     if r["build_once_best_us"] and r["alone_best_us"] else "")
+            lines.append(f"| {r['task']} | {r['weight']} | {r['build_once_candidates']} | {r['alone_candidates']} | "
+                         f"{r['build_once_best_us']} | {r['alone_best_us']} | {ratio} |")
+        lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(work, "study_vs_alone_tasks.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    with open(os.path.join(work, "study_vs_alone_tasks.md"), "w") as fh:
+        fh.write(text)
+    return result, text
+
+
 def candidate_times(work: str, kind: str) -> dict[str, dict[str, dict[str, float]]]:
     """{share: {workload key: {trace: mean us}}} from every records-<share> dir of a tune out dir."""
     from tunekit.records.jsonl import read_records, read_workloads
@@ -257,11 +305,18 @@ def main(argv=None) -> int:
                    help="a search for SHARE alone: its tune out dir or artifact (repeatable)")
     c.add_argument("--rounds", type=int, default=5)
     c.add_argument("--repeats", type=int, default=200)
+    v = sub.add_parser("tasks-vs-alone")
+    v.add_argument("--work", required=True)
+    v.add_argument("--alone-records", action="append", required=True)
+    v.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     t = sub.add_parser("tasks")
     t.add_argument("--work", required=True)
     t.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     t.add_argument("--reference", default=None, help="the share to compare against (default: <kind>100)")
     args = parser.parse_args(argv)
+    if args.step == "tasks-vs-alone":
+        print(tasks_vs_alone(args.work, args.alone_records, args.kind)[1])
+        return 0
     if args.step == "compare":
         alone = dict(spec.split("=", 1) for spec in args.alone)
         print(write_compare(args.work, compare_alone(args.work, alone, args.rounds, args.repeats)))
