@@ -76,6 +76,15 @@ def summarize(matrix: dict[str, dict[int, float]], kind: str, pcts: list[int]) -
             "tuned_at_share_over_tuned_at_100": at_share}
 
 
+def _write_both(work: str, stem: str, data, text: str) -> str:
+    """W/<stem>.json and W/<stem>.md; returns the markdown."""
+    with open(os.path.join(work, f"{stem}.json"), "w") as fh:
+        json.dump(data, fh, indent=1)
+    with open(os.path.join(work, f"{stem}.md"), "w") as fh:
+        fh.write(text)
+    return text
+
+
 def write(work: str, study: dict, kind: str, pcts: list[int]) -> str:
     head = "| tuned at | " + " | ".join(f"run at {kind}{p}" for p in pcts) + " | worst regret |"
     lines = ["p50 latency in ms (regret: latency / the best at that share)", "", head,
@@ -85,12 +94,7 @@ def write(work: str, study: dict, kind: str, pcts: list[int]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {study['worst_regret'][label]} |")
     lines += ["", "Tuned at the share / tuned at 100%, run at the share: "
               + ", ".join(f"{kind}{p}: {v}" for p, v in study["tuned_at_share_over_tuned_at_100"].items())]
-    with open(os.path.join(work, "study_matrix.json"), "w") as fh:
-        json.dump(study, fh, indent=1)
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(work, "study_matrix.md"), "w") as fh:
-        fh.write(text)
-    return text
+    return _write_both(work, "study_matrix", study, "\n".join(lines) + "\n")
 
 
 def _artifact_of(spec: str, share: str) -> str:
@@ -154,12 +158,7 @@ def write_compare(work: str, result: dict) -> str:
         lines.append(f"| {share} | {row['build_once_trials']} | {row['alone_trials']} | "
                      f"{statistics.median(row['build_once_ms']):.4f} | {statistics.median(row['alone_ms']):.4f} | "
                      f"{row['ratio']} ({row['ratio_range'][0]}–{row['ratio_range'][1]}) |")
-    with open(os.path.join(work, "study_vs_alone.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(work, "study_vs_alone.md"), "w") as fh:
-        fh.write(text)
-    return text
+    return _write_both(work, "study_vs_alone", result, "\n".join(lines) + "\n")
 
 
 def tasks_vs_alone(work: str, alone_dirs: list[str], kind: str) -> tuple[dict, str]:
@@ -197,12 +196,7 @@ def tasks_vs_alone(work: str, alone_dirs: list[str], kind: str) -> tuple[dict, s
             lines.append(f"| {r['task']} | {r['weight']} | {r['build_once_candidates']} | {r['alone_candidates']} | "
                          f"{r['build_once_best_us']} | {r['alone_best_us']} | {ratio} |")
         lines.append("")
-    text = "\n".join(lines)
-    with open(os.path.join(work, "study_vs_alone_tasks.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
-    with open(os.path.join(work, "study_vs_alone_tasks.md"), "w") as fh:
-        fh.write(text)
-    return result, text
+    return result, _write_both(work, "study_vs_alone_tasks", result, "\n".join(lines))
 
 
 def candidate_times(work: str, kind: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -267,13 +261,8 @@ def write_tasks(work: str, rows: list[dict], shares: list[str], reference: str) 
     lines += ["", "Sum over tasks (weight x us): " + ", ".join(
         f"at {s}: best {totals[s]:.1f}, {reference}'s {ref_totals[s]:.1f} ({ref_totals[s] / totals[s]:.4f}x)"
         for s in shares)]
-    with open(os.path.join(work, "study_tasks.json"), "w") as fh:
-        json.dump({"reference": reference, "tasks": rows, "sum_best_us": totals, "sum_reference_us": ref_totals},
-                  fh, indent=1)
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(work, "study_tasks.md"), "w") as fh:
-        fh.write(text)
-    return text
+    return _write_both(work, "study_tasks", {"reference": reference, "tasks": rows, "sum_best_us": totals,
+                                             "sum_reference_us": ref_totals}, "\n".join(lines) + "\n")
 
 
 def write_candidates(work: str, times: dict, report: dict, shares: list[str]) -> None:
