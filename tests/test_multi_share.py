@@ -53,6 +53,26 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     assert robust["tasks"] and all(t["worst_regret"] >= 1.0 for t in robust["tasks"])
 
 
+def test_a_shares_picks_are_all_measured_before_the_next_share_searches_the_task(example_model, tmp_path):
+    # One search serves 2 batches here (4 on CUDA). Handing a task to the other share's search every
+    # batch left each share's picks waiting while the other's batches ran, so later batches were
+    # picked by searches that had not seen the task's latest measurements. 10 batches over tiny_cnn's
+    # 4 tasks: some task has 3, more than one search's picks.
+    config = tmp_path / "config.yaml"
+    config.write_text("search_batches: 2\n")
+    report = _tune_two_shares(example_model, tmp_path / "o", "--config", str(config), trials=40)
+    for label in ("cpu50", "cpu100"):
+        handed_over = 0
+        for task in report["per_share"][label]["tasks"]:
+            searches = task["share_searches"]
+            for (share, picks, used), (next_share, _, _) in zip(searches, searches[1:]):
+                assert used == picks, (task["name"], searches)  # every pick of a search before the next one
+                assert next_share != share, (task["name"], searches)  # the shares take turns
+                handed_over += 1
+            assert sum(used for _, _, used in searches) == task["trials"] + task["cached"], (task["name"], searches)
+        assert handed_over >= 1  # some task was searched by both shares
+
+
 def test_search_per_share_keeps_one_search_each(example_model, tmp_path):
     out = tmp_path / "o"
     report = _tune_two_shares(example_model, out, "--search-per-share", trials=4)

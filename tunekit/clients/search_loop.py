@@ -14,7 +14,9 @@ XGBoost cost model, database) but:
 - measures each task once untuned (the naive loop nest on CPU, DLight's default on GPU);
 - with several shares (measure every share), builds each candidate once and measures it at every
   share: each share has its own TuneContexts, database and cost model, and the shares take turns
-  proposing a task's batches, so every share's search steers the one stream of candidates.
+  searching a task, so every share's search steers the one stream of candidates. A share's picks
+  are all spent before the next share searches the task, so each search has seen every batch
+  measured before it, as a search for one share alone does (see SearchLoop._propose).
 Which task goes next is clients.scheduler's decision (over the first share's view of the tasks).
 """
 from __future__ import annotations
@@ -66,7 +68,11 @@ class _Batch:
     fresh: list[int]   # indices of candidates to build and measure
     cached: list[int]  # indices of candidates already in the database (answered from the record)
     staged: concurrent.futures.Future | None = None  # -> (build results, run futures by slot, build s)
-    lane: int = 0      # the share whose search proposed it (ShareLane index)
+    proposers: list[int] = field(default_factory=list)  # per candidate, the share whose search picked it
+                                                        # (ShareLane index); empty: all the first share's
+
+    def proposer(self, j: int) -> int:
+        return self.proposers[j] if self.proposers else 0
 
 
 @dataclass
@@ -114,7 +120,7 @@ class SearchRequest:
 @dataclass
 class ShareLane:
     """One share of the run as the search sees it: its database, its cost model, its own view of the
-    tasks (TuneContexts whose search reads this share's records) and the batches it proposed."""
+    tasks (TuneContexts whose search reads this share's records) and the candidates its searches picked."""
 
     label: str
     database: object
@@ -208,6 +214,10 @@ class SearchLoop:
             lane.tasks = self._make_tasks(lane, first=lane is self.lanes[0])
         self.tasks = self.lanes[0].tasks  # what the scheduler, budgets and progress follow
         self.warm_started: dict[str, int] = {}  # task -> foreign candidates measured again at this share
+        # Several shares: task index -> the lane whose search's picks the task's batches take now, and
+        # every search of the task in order as [lane, picks it gave, picks measured or answered].
+        self.turn: dict[int, int] = {}
+        self.searches: dict[int, list[list[int]]] = collections.defaultdict(list)
         # The cost model trains on its own thread (0.17 s a trial on the H100 when it ran in the
         # loop): one update at a time, in order; the search predicts with the model trained so far.
         self.updater = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-model") \
@@ -260,10 +270,14 @@ class SearchLoop:
         self.phases.search_s += time.perf_counter() - t0
         return tasks
 
-    def _proposer(self, task: TaskState) -> int:
-        """Which share proposes `task`'s next batch: a task's batches go round the shares, and tasks
-        start at different shares (so the first batches of a short run are not all the first share's)."""
-        return (task.batches + task.index) % len(self.lanes)
+    def _next_searcher(self, task: TaskState) -> int:
+        """The share whose search refills `task`'s picks: the one after the share whose picks were just
+        spent (tasks start at different shares, so the first batches of a short run are not all the
+        first share's). With one share, always that share."""
+        current = self.turn.get(task.index)
+        lane = task.index % len(self.lanes) if current is None else (current + 1) % len(self.lanes)
+        self.turn[task.index] = lane
+        return lane
 
     def _known(self, index: int, key: str) -> list | None:
         """run_secs of a candidate already measured (at any share: each candidate is measured at all)."""
@@ -278,28 +292,41 @@ class SearchLoop:
         earlier batches, else from a new search (main thread; MetaSchedule's C++ search releases the
         GIL, so the stage thread keeps building and measuring meanwhile). Up to `limit` (at most
         trials_per_iter) candidates not measured yet; known ones met on the way are answered from
-        the record."""
+        the record.
+
+        With several shares, the share whose picks the batch takes keeps doing so until they are
+        spent; only then does the next share search (a batch may end one share's picks and start the
+        next's). Handing the task to the next share every batch instead left each share's picks in
+        wait while the other shares' batches ran: on CUDA a search serves 4 batches, so with 3 shares
+        the task's batches 3-11 were picked by searches made before batch 2, and only every 12th
+        batch was steered by what the task had measured since (ResNet-18 fp16 at 868 candidates on
+        the H100: each share's artifact 1.10-1.17x slower than a search for that share alone,
+        benchmarks/results/h100-resnet18-share-study-868)."""
         t = time.perf_counter()
-        lane = self._proposer(task)
-        mine = self.lanes[lane].tasks[task.index]
         want = min(limit, self.req.config.trials_per_iter)
         try:
-            candidates, keys, fresh, cached = [], [], [], []
-            searched = False
+            candidates, keys, fresh, cached, proposers = [], [], [], [], []
+            lane, searched = self.turn.get(task.index), False
             while len(fresh) < want:
-                if not mine.reserve:
-                    if searched or not self._search(task, lane):
+                reserve = self.lanes[lane].tasks[task.index].reserve if lane is not None else []
+                if not reserve:
+                    if searched:  # one search per batch: a search that gave only known picks ends it
                         break
-                    searched = True
-                candidate, key = mine.reserve.pop(0)
+                    lane, searched = self._next_searcher(task), True
+                    if not self._search(task, lane):
+                        break
+                    continue
+                candidate, key = reserve.pop(0)
                 (fresh if self._known(task.index, key) is None else cached).append(len(candidates))
                 candidates.append(candidate)
                 keys.append(key)
+                proposers.append(lane)
+                self.lanes[lane].proposed += 1
+                self.searches[task.index][-1][2] += 1
             if not candidates:  # the reserve was empty and the search found nothing
                 self.scheduler.exhaust(task)
                 return None
-            self.lanes[lane].proposed += 1
-            return _Batch(task, candidates, keys, fresh, cached, lane=lane)
+            return _Batch(task, candidates, keys, fresh, cached, proposers=proposers)
         finally:
             self.phases.search_s += time.perf_counter() - t
 
@@ -316,6 +343,7 @@ class SearchLoop:
         else:
             found = mine.ctx.generate_measure_candidates()
         mine.searches += 1
+        self.searches[task.index].append([lane, len(found or []), 0])
         if not found:
             return False
         texts = [_trace_text(c.sch.trace) for c in found]
@@ -384,7 +412,8 @@ class SearchLoop:
             callbacks.remove_artifact(build.artifact_path)
         unbuilt = [b.error_msg is not None for b in built]
         for index, lane in enumerate(self.lanes):
-            self._join_share(batch, lane, [r[lane.label] for r in results], unbuilt, proposed=index == batch.lane)
+            self._join_share(batch, lane, [r[lane.label] for r in results], unbuilt,
+                             proposed=[j for j in batch.fresh + batch.cached if batch.proposer(j) == index])
         if self.runner.fatal is not None:
             raise self.runner.fatal  # every server of a share gone: stop, with what was measured recorded
         self.phases.update_s += time.perf_counter() - t
@@ -392,9 +421,10 @@ class SearchLoop:
         return len(batch.fresh)
 
     def _join_share(self, batch: _Batch, lane: ShareLane, results: list, unbuilt: list[bool], *,
-                    proposed: bool) -> None:
-        """One share's side of a batch: its records, its cost model, and (if it proposed the batch) its
-        search. `unbuilt[i]`: the i-th fresh candidate failed to build."""
+                    proposed: list[int]) -> None:
+        """One share's side of a batch: its records, its cost model, and its search, which hears about
+        the candidates it picked (`proposed`: their indices). `unbuilt[i]`: the i-th fresh candidate
+        failed to build."""
         from tvm.s_tir.meta_schedule.runner import RunnerResult
 
         from .session_runner import is_not_measured
@@ -417,9 +447,11 @@ class SearchLoop:
                 ok_results.append(result)
         self._update_model(lane.cost_model, task, ok_candidates, ok_results)
         if proposed:  # the search strategy hears about every candidate it proposed, the cached ones included
+            result_of = dict(zip(batch.fresh, results))
             task.ctx.notify_runner_results(
-                [batch.candidates[j] for j in batch.fresh + batch.cached],
-                results + [RunnerResult(self._known(task.index, batch.keys[j]), None) for j in batch.cached])
+                [batch.candidates[j] for j in proposed],
+                [result_of[j] if j in result_of else RunnerResult(self._known(task.index, batch.keys[j]), None)
+                 for j in proposed])
         task.after_batch(previous, fresh=len(batch.fresh), cached=len(batch.cached))
 
     def _update_model(self, cost_model, task: TaskState, candidates: list, results: list) -> None:
@@ -564,6 +596,8 @@ class SearchLoop:
                  "negligible": t.negligible, "tensorized_trials": t.tensorized_trials,
                  "best_tensorized": t.best_tensorized, "best_trace": t.best_key,
                  **({"warm_started": self.warm_started[t.name]} if t.name in self.warm_started else {}),
+                 **({"share_searches": [[self.lanes[i].label, picks, used] for i, picks, used
+                                        in self.searches[t.index]]} if len(self.lanes) > 1 else {}),
                  **({"budget": t.budget, "extra": t.extra, "exhausted": t.exhausted, **self.req.tag}
                     if per_task else {})}
                 for t in lane.tasks]
