@@ -90,10 +90,11 @@ case "$1" in
              pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
                if [ -n "${RESUME_DIR:-}" ] && tar tzf "$rec" 2>/dev/null | grep "^records-gpu$p/" > /dev/null; then
                  echo "mkdir -p $W/alone-$m-rec && tar xzf $rec -C $W/alone-$m-rec records-gpu$p"
-                 echo "python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/alone-$m-rec --share gpu$p" \
-                      "--out $W/alone-$m-rec/$m-gpu$p.so > $R/$m/alone-compile-gpu$p.log 2>&1; echo \"alone $m gpu$p compiled rc=\$?\""
+                 echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/alone-$m-rec --share gpu$p" \
+                      "--out $W/alone-$m-rec/$m-gpu$p.so > $R/$m/alone-compile-gpu$p.log 2>&1; echo \"alone $m gpu$p compiled rc=\$?\") &"
                else todo="$todo,$p"; fi
              done
+             echo "wait"  # the compiles run side by side (~1.5 min each, mostly one core), before any tune
              [ -n "$todo" ] && echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct ${todo#,} --search-per-share" \
                   "--trials ${ALONE_TRIALS:-${TRIALS:-1000}} --trials-per-iter 16 --time-budget ${TIME_S:-600}" \
                   "--out $W/alone-$m-tune --json > $R/$m/alone-tune.json 2> $R/$m/alone-tune.log;" \
@@ -106,9 +107,10 @@ case "$1" in
              if [[ ,$STEPS, != *,study,* ]] && [ -n "${RESUME_DIR:-}" ] && [ -f "$study" ]; then
                echo "mkdir -p $W/$m $R/$m && tar xzf $study -C $W/$m"
                pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
-                 echo "python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
-                      "> $R/$m/study-compile-gpu$p.log 2>&1; echo \"study $m gpu$p compiled rc=\$?\""
+                 echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
+                      "> $R/$m/study-compile-gpu$p.log 2>&1; echo \"study $m gpu$p compiled rc=\$?\") &"
                done
+               echo "wait"
              fi
              echo "specs=\"\"; for so in $W/alone-$m-*/$m-gpu*.so; do [ -f \"\$so\" ] || continue;" \
                   "sh=\${so##*-}; specs=\"\$specs --alone \${sh%.so}=\$so\"; done"
