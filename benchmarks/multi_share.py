@@ -138,7 +138,7 @@ def summarize(args) -> None:
                      f"| {label} | {mine['untuned_ms']:.4f} | {mine['tuned_ms']:.4f} | n/a | n/a |")
     robust = every.get("robust")
     if robust:
-        lines += ["", "## Share-robust artifact: regret (latency / that share's own artifact's) per share", "",
+        lines += ["", "## Share-robust artifact: regret (latency / the best artifact's at that share) per share", "",
                   "| artifact | " + " | ".join(robust["shares"]) + " | worst |",
                   "| --- |" + " ---: |" * (len(robust["shares"]) + 1)]
         for name, row in robust["matrix"].items():

@@ -51,6 +51,8 @@ def artifacts(work: str, kind: str) -> dict[str, str]:
             found[match.group(1)] = path
         elif name.endswith("-robust.so"):
             found["robust"] = path
+        elif name.endswith("-robust-per-task.so"):  # the per-task choice, when the whole-model one differs
+            found["robust-per-task"] = path
     return found
 
 

@@ -4,6 +4,8 @@ import collections
 import json
 import os
 
+import pytest
+
 from tunekit.records.jsonl import read_records, read_workloads
 from tunekit.testing import run_cli
 
@@ -45,11 +47,20 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     # The share-robust artifact: measured at every share next to every share's own artifact.
     robust = report["robust"]
     assert os.path.exists(robust["artifact"]) and robust["artifact"].endswith("-robust.so")
-    assert set(robust["matrix"]) == {"cpu50", "cpu100", "robust"}
+    assert os.path.exists(robust["per_task_artifact"])  # the model compiled from the per-task choice
+    assert set(robust["matrix"]) == {"cpu50", "cpu100", "robust-per-task", "robust"}
     for name, row in robust["matrix"].items():
         assert set(row["regret"]) == {"cpu50", "cpu100"}
         assert row["worst_regret"] == max(row["regret"].values())
-    assert robust["matrix"]["cpu50"]["regret"]["cpu50"] == 1.0  # a share's own artifact is its reference
+    for share in ("cpu50", "cpu100"):  # regret is over the best artifact at the share
+        assert min(row["regret"][share] for row in robust["matrix"].values()) == 1.0
+    # The shipped robust model is the whole model with the smallest worst regret, byte for byte.
+    assert robust["chosen"] in {"cpu50", "cpu100", "robust-per-task"}
+    assert robust["matrix"]["robust"]["latency_ms"] == robust["matrix"][robust["chosen"]]["latency_ms"]
+    assert robust["matrix"]["robust"]["worst_regret"] == min(r["worst_regret"] for r in robust["matrix"].values())
+    chosen = robust["chosen"]
+    source = robust["per_task_artifact"] if chosen == "robust-per-task" else per_share[chosen]["artifact"]
+    assert open(robust["artifact"], "rb").read() == open(source, "rb").read()
     assert robust["tasks"] and all(t["worst_regret"] >= 1.0 for t in robust["tasks"])
 
 
@@ -87,3 +98,22 @@ def test_robust_needs_several_shares_measured_by_one_search(example_model, tmp_p
         proc = run_cli("tune", example_model, *extra, "--robust", "--out", tmp_path / "o")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")], proc.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_robust_ships_the_whole_model_with_the_smallest_worst_regret(example_model, tmp_path):
+    """Two MPS shares in one search: every artifact measured at both, the shipped robust model is the
+    one with the smallest worst regret, byte for byte, and loads as a tunekit artifact."""
+    proc = run_cli("tune", example_model, "--gpu-pct", "40,100", "--robust", "--trials", "8", "--trials-per-iter", "4",
+                   "--out", tmp_path / "g", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    robust = report["robust"]
+    assert set(robust["matrix"]) == {"gpu40", "gpu100", "robust-per-task", "robust"}
+    assert robust["matrix"]["robust"]["worst_regret"] == min(r["worst_regret"] for r in robust["matrix"].values())
+    chosen = robust["chosen"]
+    source = robust["per_task_artifact"] if chosen == "robust-per-task" else report["per_share"][chosen]["artifact"]
+    assert open(robust["artifact"], "rb").read() == open(source, "rb").read()
+    import tunekit
+
+    tunekit.load(robust["artifact"])  # its metadata written beside it: refused in one line otherwise

@@ -173,16 +173,16 @@ def _tune_shares(args, config, coordinator) -> int:
 
 
 def _robust_lines(robust: dict | None) -> str:
-    """The regret matrix: each artifact's latency / the share's own artifact's, at every share."""
+    """The regret matrix: each artifact's latency / the best artifact's, at every share."""
     if not robust:
         return ""
     shares = robust["shares"]
-    lines = ["", "", "regret (latency / that share's own artifact), per share:",
+    lines = ["", "", "regret (latency / the best artifact at that share), per share:",
              "| artifact | " + " | ".join(shares) + " | worst |", "| --- |" + " ---: |" * (len(shares) + 1)]
     for name, row in robust["matrix"].items():
         cells = [f"{row['regret'].get(s, float('nan')):.3f}" for s in shares]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['worst_regret']:.3f} |")
-    return "\n".join(lines) + f"\nrobust model: {robust['artifact']}"
+    return "\n".join(lines) + f"\nrobust model ({robust.get('chosen', 'robust-per-task')}): {robust['artifact']}"
 
 
 def run(args) -> int:

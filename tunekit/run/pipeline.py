@@ -225,29 +225,40 @@ class Pipeline:
 
     def _robust(self, group: list[ShareJob], loaded: LoadedModel, sessions: dict, results: list) -> dict:
         """`<model>-robust.so`: per task the schedule with the smallest worst regret over the shares
-        (run.robust), then every artifact measured at every share, back to back: the regret matrix."""
+        (run.robust), then every artifact measured at every share, back to back: the regret matrix.
+        The robust artifact is whichever of them has the smallest worst regret as a whole model."""
         from ..records.baselines import read_baselines
         from ..records.database import open_database
         from ..servers.latency import measure_latency
-        from .robust import regret_matrix, robust_records
+        from .robust import PER_TASK, pick_robust_artifact, regret_matrix, robust_records
 
         first = group[0]
         chosen, rows = robust_records({job.label: open_database(job.db_dir) for job in group},
                                       {job.label: read_baselines(job.db_dir) for job in group})
-        path = os.path.join(self.out, f"{loaded.name}-robust.so")
-        self._measure(first, sessions[first.label], path=path, database=chosen, what="the share-robust model")
-        self._describe(loaded, first, path, share_label=None, trials=0, db_dir=None)
+        per_task = os.path.join(self.out, f"{loaded.name}-robust-per-task.so")
+        self._measure(first, sessions[first.label], path=per_task, database=chosen, what="the share-robust model")
+        self._describe(loaded, first, per_task, share_label=None, trials=0, db_dir=None)
         artifacts = {r.share: r.artifact for r in results}
-        artifacts["robust"] = path
+        artifacts[PER_TASK] = per_task
         latency = {name: {job.label: measure_latency(artifact=artifact, inputs=self.sample,
                                                      pinned=sessions[job.label].pinned,
                                                      repeats=self.config.measure_repeats)[0]["median_ms"]
                           for job in group}
                    for name, artifact in artifacts.items()}
-        matrix = regret_matrix(latency)
-        log.info("robust model: worst regret %.3f over %s (tuned at %s alone: %s)", matrix["robust"]["worst_regret"],
-                 ", ".join(j.label for j in group), first.label, matrix[first.label]["worst_regret"])
-        return {"artifact": path, "shares": [job.label for job in group], "tasks": rows, "matrix": matrix}
+        # The per-task choice minimizes each kernel's worst regret, timed alone; the whole model need not
+        # follow that sum (ResNet-18 on the H100: 1.049 end to end, where the artifact tuned at 20% was
+        # within 0.1% of the best at every share). So the artifact shipped is the whole-model choice.
+        pick = pick_robust_artifact(latency, [job.label for job in group])
+        path = os.path.join(self.out, f"{loaded.name}-robust.so")
+        shutil.copyfile(artifacts[pick], path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self._describe(loaded, first, path, share_label=None, trials=0, db_dir=None)
+        matrix = regret_matrix({**latency, "robust": latency[pick]})
+        log.info("robust model (%s): worst regret %.3f over %s (tuned at %s alone: %s)", pick,
+                 matrix["robust"]["worst_regret"], ", ".join(j.label for j in group), first.label,
+                 matrix[first.label]["worst_regret"])
+        return {"artifact": path, "chosen": pick, "per_task_artifact": per_task,
+                "shares": [job.label for job in group], "tasks": rows, "matrix": matrix}
 
     # ---------------------------------------------------------------- after tuning
     def _untuned_path(self, job: ShareJob) -> str:

@@ -4,13 +4,15 @@ Per task, the candidates are each share's best record and the untuned kernel; ev
 was measured at every share (measure every share), so each has a latency per share. The chosen one
 minimizes the worst regret over the shares (records.robust). The model compiled from the chosen
 records is then measured at every share, beside every share's own artifact at every share: its
-regret at a share is its latency there over that share's own artifact's.
+regret at a share is its latency there over the best of them there. The robust artifact is then
+the one of them all whose worst regret, as a whole model, is smallest (pick_robust_artifact).
 """
 from __future__ import annotations
 
 from ..records.robust import robust_choice
 
 UNTUNED = "untuned"
+PER_TASK = "robust-per-task"  # the matrix's name for the model compiled from the per-task choice
 
 
 def _latencies(databases: dict) -> dict:
@@ -66,10 +68,21 @@ def robust_records(databases: dict, baselines: dict) -> tuple:
 
 def regret_matrix(latency_ms: dict) -> dict:
     """`latency_ms`: artifact -> {share -> ms}, the share artifacts named by their share. Returns, per
-    artifact, its regret at each share (over that share's own artifact) and its worst one."""
+    artifact, its regret at each share (over the best artifact there: issue 15's definition, the
+    one pick_robust_artifact minimizes) and its worst one."""
     shares = [a for a in latency_ms if a in latency_ms.get(a, {})]
+    best = {s: min(row[s] for row in latency_ms.values() if row.get(s)) for s in shares}
     out = {}
     for artifact, row in latency_ms.items():
-        regret = {s: round(row[s] / latency_ms[s][s], 4) for s in shares if s in row and latency_ms[s].get(s)}
+        regret = {s: round(row[s] / best[s], 4) for s in shares if row.get(s)}
         out[artifact] = {"latency_ms": row, "regret": regret, "worst_regret": max(regret.values()) if regret else None}
     return out
+
+
+def pick_robust_artifact(latency_ms: dict, shares: list[str]) -> str:
+    """The artifact (a share's own, or PER_TASK) with the smallest worst regret over `shares`, as whole
+    models measured at each share (`latency_ms`: artifact -> {share -> ms}). Ties go to the smaller
+    total regret, then to PER_TASK; an artifact not measured at every share cannot be picked."""
+    ranked = {(0 if name == PER_TASK else 1, name): row for name, row in latency_ms.items()}
+    choice = robust_choice({f"{rank}:{name}": row for (rank, name), row in ranked.items()}, shares)
+    return PER_TASK if choice is None else choice.candidate.split(":", 1)[1]
