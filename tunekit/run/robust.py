@@ -83,6 +83,6 @@ def pick_robust_artifact(latency_ms: dict, shares: list[str]) -> str:
     """The artifact (a share's own, or PER_TASK) with the smallest worst regret over `shares`, as whole
     models measured at each share (`latency_ms`: artifact -> {share -> ms}). Ties go to the smaller
     total regret, then to PER_TASK; an artifact not measured at every share cannot be picked."""
-    ranked = {(0 if name == PER_TASK else 1, name): row for name, row in latency_ms.items()}
-    choice = robust_choice({f"{rank}:{name}": row for (rank, name), row in ranked.items()}, shares)
+    # robust_choice breaks full ties by key: the prefix puts PER_TASK first
+    choice = robust_choice({f"{0 if name == PER_TASK else 1}:{name}": row for name, row in latency_ms.items()}, shares)
     return PER_TASK if choice is None else choice.candidate.split(":", 1)[1]
