@@ -17,7 +17,9 @@
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
-#           then `share_study.py matrix` at 20/40/60/100
+#           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model> / FLAGS_<model> override per model.
+#           RESUME_DIR=D: D/records-<model>.tgz (an earlier lease's study) is unpacked and goes on (--resume;
+#           TRIALS and TIME_S more)
 #   alone   per model: a search for each share of ALONE_PCTS (default 20,40,100) alone, $TRIALS trials each
 #           (`--search-per-share`: one command, the shares in turn, each with TIME_S). A share whose records
 #           an earlier lease made (RESUME_DIR/records-alone-<model>.tgz holding records-gpu<P>) is not
@@ -78,9 +80,14 @@ case "$1" in
                   "--json $R/$m-gpu40/kernel_profile.json > $R/$m-gpu40/kernel_profile.md 2> $R/$m-gpu40/kernel_profile.log"
            done ;;
         study) for m in ${MODELS//,/ }; do
-             echo "mkdir -p $R/$m"
-             echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 20,40,100 --robust --trials ${TRIALS:-1000}" \
-                  "--trials-per-iter 16 --time-budget ${TIME_S:-600} --out $W/$m --json > $R/$m/tune.json 2> $R/$m/tune.log"
+             echo "mkdir -p $R/$m $W/$m"
+             # an earlier lease's study of this model (RESUME_DIR/records-<model>.tgz) goes on with --resume
+             resume=""; earlier=${RESUME_DIR:-}/records-$m.tgz
+             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$m"
+             trials=TRIALS_$m; flags=FLAGS_$m  # per-model overrides, e.g. TRIALS_resnet18=160 FLAGS_bert="--precision fp16"
+             echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 20,40,100 --robust --trials ${!trials:-${TRIALS:-1000}}" \
+                  "--trials-per-iter 16 --time-budget ${TIME_S:-600} $resume ${!flags:-} --out $W/$m --json" \
+                  "> $R/$m/tune.json 2> $R/$m/tune.log"
              echo "echo \"$m tune rc=\$?\"; cp $W/$m/report*.json $R/$m/ 2>/dev/null"
              echo "python3 benchmarks/share_study.py matrix --work $W/$m --kind gpu --pcts 20,40,60,100 > $R/$m/matrix.log 2>&1"
              echo "echo \"$m matrix rc=\$?\"; cp $W/$m/study_matrix.* $R/$m/ 2>/dev/null"
