@@ -17,7 +17,7 @@
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
-#           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model> / FLAGS_<model> override per model.
+#           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model>, TIME_S_<model>, FLAGS_<model> override per model.
 #           RESUME_DIR=D: D/records-<model>.tgz (an earlier lease's study) is unpacked and goes on (--resume;
 #           TRIALS and TIME_S more)
 #   alone   per model: a search for each share of ALONE_PCTS (default 20,40,100) alone, $TRIALS trials each
@@ -84,9 +84,10 @@ case "$1" in
              # an earlier lease's study of this model (RESUME_DIR/records-<model>.tgz) goes on with --resume
              resume=""; earlier=${RESUME_DIR:-}/records-$m.tgz
              [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$m"
-             trials=TRIALS_$m; flags=FLAGS_$m  # per-model overrides, e.g. TRIALS_resnet18=160 FLAGS_bert="--precision fp16"
+             # per-model overrides, e.g. TRIALS_resnet18=160 TIME_S_bert=330 FLAGS_mobilenet_v2="--precision fp32"
+             trials=TRIALS_$m; time_s=TIME_S_$m; flags=FLAGS_$m
              echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 20,40,100 --robust --trials ${!trials:-${TRIALS:-1000}}" \
-                  "--trials-per-iter 16 --time-budget ${TIME_S:-600} $resume ${!flags:-} --out $W/$m --json" \
+                  "--trials-per-iter 16 --time-budget ${!time_s:-${TIME_S:-600}} $resume ${!flags:-} --out $W/$m --json" \
                   "> $R/$m/tune.json 2> $R/$m/tune.log"
              echo "echo \"$m tune rc=\$?\"; cp $W/$m/report*.json $R/$m/ 2>/dev/null"
              echo "python3 benchmarks/share_study.py matrix --work $W/$m --kind gpu --pcts 20,40,60,100 > $R/$m/matrix.log 2>&1"
