@@ -17,6 +17,15 @@ Per share: the median and p90 over candidates of |mean time in mode / mean time 
 median coefficient of variation over rounds; per mode: measurements per second (candidates x shares
 x rounds / wall) and the lock's cost (locked wall / concurrent wall). A markdown table goes to
 stdout and --results, the raw numbers to the same name with .json; progress to stderr.
+
+    python benchmarks/measure_noise.py --out-dir DIR --pcts 20,40,100 --suspects 1.2 --modes alone ...
+
+--suspects R asks whether the records' own timings can be trusted: it takes the candidates whose
+records contradict the shares' SM counts (measured more than R x slower at a share with more SMs
+than at one with fewer, which more SMs cannot do to a kernel whose launch does not change), and as
+many consistent ones from the same workloads, and re-measures them all. The per-candidate table
+says, for each, its recorded and re-measured time at every share, and whether the contradiction
+came back.
 """
 from __future__ import annotations
 
@@ -97,6 +106,54 @@ def pick_records(path: str, count: int) -> list:
     return picked[:count]
 
 
+def times_at_every_share(out_dir: str) -> dict:
+    """{(workload hash, trace text): {share label: recorded µs}} over every records-<share> of a run."""
+    table = {}
+    import_for_target("cuda")
+    for label, path in find_share_databases(out_dir).items():
+        for record in open_database(path, read_only=True).get_all_tuning_records():
+            us = mean_run_us(record.run_secs)
+            if us is not None:
+                table.setdefault((tvm_ffi.structural_hash(record.workload.mod), str(record.trace)), {})[label] = us
+    return table
+
+
+def contradiction(times: dict, labels: list) -> float:
+    """The largest ratio (time at a share with more SMs) / (time at one with fewer): > 1 contradicts."""
+    by_pct = sorted(labels, key=lambda label: Share.from_label(label).pct)
+    return max(times[hi] / times[lo] for i, lo in enumerate(by_pct) for hi in by_pct[i + 1:])
+
+
+def pick_suspects(path: str, table: dict, labels: list, ratio: float, count: int) -> list:
+    """[(record, its key in `table`)]: up to count // 2 candidates whose recorded times contradict the
+    shares' SM order by more than `ratio` (the worst first), then a consistent candidate (<= 1.05) of
+    each suspect's workload, the fastest, as its control."""
+    measured = {k: v for k, v in table.items() if all(label in v for label in labels)}
+    suspects, controls, seen = [], {}, set()
+    for record in open_database(path, read_only=True).get_all_tuning_records():
+        key = (tvm_ffi.structural_hash(record.workload.mod), str(record.trace))
+        if key not in measured or key in seen:
+            continue
+        seen.add(key)
+        worst = contradiction(measured[key], labels)
+        if worst > ratio:
+            suspects.append((worst, record, key))
+        elif worst <= 1.05:
+            controls.setdefault(key[0], []).append((measured[key][labels[0]], record, key))
+    suspects = sorted(suspects, key=lambda x: -x[0])[:max(1, count // 2)]
+    picked = [(record, key) for _, record, key in suspects]
+    for _, _, (workload, _) in suspects:
+        unused = [(us, r, k) for us, r, k in controls.get(workload, []) if all(k != key for _, key in picked)]
+        if unused and len(picked) < count:
+            _, record, key = min(unused, key=lambda x: x[0])
+            picked.append((record, key))
+    log(f"{len(suspects)} suspects (recorded contradiction > {ratio}) and {len(picked) - len(suspects)} controls "
+        f"among {len(measured)} candidates measured at {', '.join(labels)}")
+    if not suspects:
+        raise SystemExit(f"measure_noise: no candidate contradicts the shares by more than {ratio}")
+    return picked
+
+
 def record_targets(records, share, kind: str) -> list:
     """Each record's target (else the one tunekit tunes for at its share), checked against --kind."""
     targets = [record.target or target_for(share) for record in records]
@@ -105,8 +162,9 @@ def record_targets(records, share, kind: str) -> list:
     return targets
 
 
-def build(records, targets: list, work_dir: str) -> list:
-    """Each record's trace replayed and built once; RunnerInputs every mode and share measures."""
+def build(records, targets: list, work_dir: str) -> tuple[list, list]:
+    """Each record's trace replayed and built once: (RunnerInputs every mode and share measures, the
+    index in `records` of each)."""
     target_kind = targets[0].kind.name
     import_for_target(target_kind)  # registers the CUDA tensor intrinsics the traces name
     candidates = [record.as_measure_candidate() for record in records]
@@ -118,11 +176,12 @@ def build(records, targets: list, work_dir: str) -> list:
     finally:
         pool.shutdown()
     device = "cuda" if target_kind == "cuda" else "cpu"
-    inputs = [RunnerInput(b.artifact_path, device, c.args_info) for b, c in zip(built, candidates) if not b.error_msg]
+    kept = [i for i, b in enumerate(built) if not b.error_msg]
+    inputs = [RunnerInput(built[i].artifact_path, device, candidates[i].args_info) for i in kept]
     log(f"built {len(inputs)} of {len(built)} candidates")
     if not inputs:
         raise SystemExit(f"measure_noise: no candidate built ({built[0].error_msg.splitlines()[-1][:200]})")
-    return inputs
+    return inputs, kept
 
 
 @contextlib.contextmanager
@@ -177,7 +236,7 @@ def measure_round(mode: str, fleets: dict, kind: str, inputs: list) -> tuple[dic
     return times, wall, waits
 
 
-def summarize(raw: dict, labels: list, n: int) -> dict:
+def summarize(raw: dict, labels: list, n: int, modes=MODES) -> dict:
     """Per share and mode: deviation from alone (%, median and p90) and CV over rounds (%)."""
     def per_candidate(mode, label):  # [[µs per round] per candidate], None where any round failed
         rounds = [r["times"][label] for r in raw["rounds"] if r["mode"] == mode]
@@ -186,7 +245,7 @@ def summarize(raw: dict, labels: list, n: int) -> dict:
     out = {}
     for label in labels:
         alone = per_candidate("alone", label)
-        for mode in MODES:
+        for mode in modes:
             got = per_candidate(mode, label)
             ok = [c for c in range(n) if got[c] and alone[c]]
             devs = [abs(np.mean(got[c]) / np.mean(alone[c]) - 1) * 100 for c in ok]
@@ -196,29 +255,62 @@ def summarize(raw: dict, labels: list, n: int) -> dict:
                 "p90_dev_pct": float(np.percentile(devs, 90)) if devs and mode != "alone" else None,
                 "median_cv_pct": float(np.median(cvs)) if cvs else None,
                 "lock_wait_s": sum(r["lock_wait_s"][label] for r in raw["rounds"] if r["mode"] == mode)}
-    for mode in MODES:
+    for mode in modes:
         wall = sum(r["wall_s"] for r in raw["rounds"] if r["mode"] == mode)
         out[mode] = {"wall_s": wall, "per_s": n * len(labels) * raw["rounds_per_mode"] / wall}
-    out["lock_cost"] = out["locked"]["wall_s"] / out["concurrent"]["wall_s"]
+    if "locked" in modes and "concurrent" in modes:
+        out["lock_cost"] = out["locked"]["wall_s"] / out["concurrent"]["wall_s"]
     return out
 
 
-def render(summary: dict, labels: list, header: list) -> str:
+def render(summary: dict, labels: list, header: list, modes=MODES) -> str:
     fmt = lambda v, spec=".1f": "-" if v is None else format(v, spec)  # noqa: E731
     lines = [*header, "", "| share | mode | candidates | median \\|Δ\\| vs alone % | p90 \\|Δ\\| vs alone % "
              "| median CV over rounds % | lock wait s |", "|---|---|---:|---:|---:|---:|---:|"]
     for label in labels:
-        for mode in MODES:
+        for mode in modes:
             s = summary[f"{label}/{mode}"]
             lines.append(f"| {label} | {mode} | {s['candidates']} | {fmt(s['median_dev_pct'])} | "
                          f"{fmt(s['p90_dev_pct'])} | {fmt(s['median_cv_pct'])} | {fmt(s['lock_wait_s'], '.2f')} |")
-    lines += ["", "| mode | wall s | measurements/s | wall / concurrent wall |", "|---|---:|---:|---:|"]
-    for mode in MODES:
+    lines += ["", "| mode | wall s | measurements/s |", "|---|---:|---:|"]
+    for mode in modes:
         s = summary[mode]
-        lines.append(f"| {mode} | {s['wall_s']:.1f} | {s['per_s']:.2f} | "
-                     f"{s['wall_s'] / summary['concurrent']['wall_s']:.2f} |")
-    lines += ["", f"Lock cost (locked wall / concurrent wall): {summary['lock_cost']:.2f}x"]
+        lines.append(f"| {mode} | {s['wall_s']:.1f} | {s['per_s']:.2f} |")
+    if "lock_cost" in summary:
+        lines += ["", f"Lock cost (locked wall / concurrent wall): {summary['lock_cost']:.2f}x"]
     return "\n".join(lines) + "\n"
+
+
+def recheck(raw: dict, labels: list, keys: list, table: dict, n_suspects: int, ratio: float) -> tuple[list, str]:
+    """--suspects: per candidate, recorded vs re-measured (median of the alone rounds) at each share,
+    and whether the recorded contradiction of the SM order came back."""
+    rows, lines = [], []
+    for c, key in enumerate(keys):
+        again = {}
+        for label in labels:
+            got = [r["times"][label][c] for r in raw["rounds"] if r["mode"] == "alone" and r["times"][label][c]]
+            again[label] = float(np.median(got)) if got else None
+        recorded = table[key]
+        row = {"suspect": c < n_suspects, "workload": f"{key[0] & 0xFFFFFFFFFFFFFFFF:016x}",
+               "recorded_us": {label: recorded[label] for label in labels}, "remeasured_us": again,
+               "recorded_contradiction": contradiction(recorded, labels),
+               "remeasured_contradiction": contradiction(again, labels) if all(again.values()) else None}
+        rows.append(row)
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines += ["", f"## Recorded vs re-measured (µs; contradiction: the largest time at more SMs / time at fewer)", "",
+              "| candidate | workload | " + " | ".join(f"{l} recorded | {l} again" for l in labels)
+              + " | contradiction recorded | again |", "|---|---|" + "---:|---:|" * len(labels) + "---:|---:|"]
+    for row in rows:
+        cells = " | ".join(f"{fmt(row['recorded_us'][l])} | {fmt(row['remeasured_us'][l])}" for l in labels)
+        lines.append(f"| {'suspect' if row['suspect'] else 'control'} | {row['workload']} | {cells} | "
+                     f"{row['recorded_contradiction']:.2f} | {fmt(row['remeasured_contradiction'])} |")
+    came_back = [r for r in rows if r["suspect"] and (r["remeasured_contradiction"] or 0) > ratio]
+    suspects = [r for r in rows if r["suspect"]]
+    lines += ["", f"Suspects whose contradiction (> {ratio}) came back when re-measured: {len(came_back)} of "
+              f"{len(suspects)}; controls now over {ratio}: "
+              f"{sum(1 for r in rows if not r['suspect'] and (r['remeasured_contradiction'] or 0) > ratio)} of "
+              f"{len(rows) - len(suspects)}."]
+    return rows, "\n".join(lines) + "\n"
 
 
 def machine(kind: str) -> str:
@@ -240,9 +332,19 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records-share", help="which records-<share> to take (default: the first)")
     parser.add_argument("--results", required=True, help="the markdown report (.json beside it)")
+    parser.add_argument("--modes", default=",".join(MODES), help="which of alone,concurrent,locked (alone always)")
+    parser.add_argument("--suspects", type=float, metavar="RATIO",
+                        help="re-measure the candidates whose records contradict the shares' SM order by more "
+                             "than RATIO, beside consistent ones of the same workloads (module docstring)")
     args = parser.parse_args(argv)
     if args.candidates < 1 or args.rounds < 1:
         raise SystemExit("measure_noise: --candidates and --rounds must be at least 1")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if any(m not in MODES for m in modes):
+        raise SystemExit(f"measure_noise: --modes takes {', '.join(MODES)}, got {args.modes!r}")
+    args.modes = [m for m in MODES if m in modes or m == "alone"]
+    if args.suspects is not None and args.suspects <= 1:
+        raise SystemExit("measure_noise: --suspects RATIO must be above 1")
     return args
 
 
@@ -251,33 +353,44 @@ def run(args, command: str) -> None:
     labels = [s.label for s in shares]
     records_label, path = records_dir(args.out_dir, args.records_share)
     os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)  # fail now, not after the run
-    records = pick_records(path, args.candidates)
+    if args.suspects:
+        table = times_at_every_share(args.out_dir)
+        picked = pick_suspects(path, table, labels, args.suspects, args.candidates)
+        records, keys = [r for r, _ in picked], [k for _, k in picked]
+        n_suspects = sum(1 for k in keys if contradiction(table[k], labels) > args.suspects)
+    else:
+        records = pick_records(path, args.candidates)
     targets = record_targets(records, Share.from_label(records_label), args.kind)
     work_dir = tempfile.mkdtemp(prefix="measure-noise-")
     try:  # the shares first: no MPS, or the device booked by another job, fails before the builds
         with share_fleets(shares) as fleets:
-            inputs = build(records, targets, work_dir)
+            inputs, kept = build(records, targets, work_dir)
             raw = {"labels": labels, "rounds_per_mode": args.rounds, "rounds": [],
                    "artifacts": [os.path.basename(str(i.artifact_path)) for i in inputs]}
             for round_no in range(args.rounds):
-                for mode in MODES:  # interleaved: a slow drift of the machine hits every mode alike
+                for mode in args.modes:  # interleaved: a slow drift of the machine hits every mode alike
                     times, wall, waits = measure_round(mode, fleets, args.kind, inputs)
                     raw["rounds"].append({"mode": mode, "round": round_no, "wall_s": wall, "times": times,
                                           "lock_wait_s": waits})
                     log(f"round {round_no + 1}/{args.rounds} {mode}: {wall:.1f} s")
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    summary = summarize(raw, labels, len(inputs))
+    summary = summarize(raw, labels, len(inputs), args.modes)
     now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     header = ["# Measurement noise across shares (issue 15)", "", f"- machine: {machine(args.kind)}",
               f"- command: `{command}`", f"- date: {now}",
               f"- records: {path} ({len(inputs)} candidates), shares {', '.join(labels)}, {args.rounds} rounds"]
-    report = render(summary, labels, header)
+    report = render(summary, labels, header, args.modes)
+    rows = None
+    if args.suspects:
+        keys = [keys[i] for i in kept]
+        rows, text = recheck(raw, labels, keys, table, sum(1 for i in kept if i < n_suspects), args.suspects)
+        report += text
     print(report)
     with open(args.results, "w") as fh:
         fh.write(report)
     with open(os.path.splitext(args.results)[0] + ".json", "w") as fh:
-        json.dump({"header": header, "summary": summary, "raw": raw}, fh, indent=1)
+        json.dump({"header": header, "summary": summary, "raw": raw, "recheck": rows}, fh, indent=1)
     log(f"wrote {args.results}")
 
 
