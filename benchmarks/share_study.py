@@ -28,6 +28,10 @@ median ratio (build-once / alone; <= 1.03 meets the target) and each run's measu
 
 the same comparison per task, from the records (A, B: dirs holding records-<share> of searches alone):
 candidates and best us per task at each share, and the weighted sums. Writes W/study_vs_alone_tasks.{json,md}.
+
+  python benchmarks/share_study.py plot W1/study_matrix.json [W2/study_matrix.json ...] --out latency_vs_share.png
+
+a panel per model: p50 latency against the run-at share, a line per artifact, its worst regret in the legend.
 """
 from __future__ import annotations
 
@@ -282,6 +286,32 @@ def write_candidates(work: str, times: dict, report: dict, shares: list[str]) ->
                          + ",".join("" if c is None else f"{c:.3f}" for c in cells) + "\n")
 
 
+def plot(matrices: list[str], out: str) -> str:
+    """One panel per study_matrix.json: p50 latency against the run-at share, a line per artifact
+    (tuned at a share, or robust), the tuned-at shares marked. Returns what was written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(matrices), figsize=(5.2 * len(matrices), 4.2), squeeze=False)
+    for ax, path in zip(axes[0], matrices):
+        study = json.load(open(path))
+        for artifact, row in study["p50_ms"].items():
+            pcts = sorted(int(p) for p in row)
+            style = dict(linestyle="--", linewidth=1.2) if artifact.startswith("robust") else dict(marker="o")
+            ax.plot(pcts, [row[str(p)] for p in pcts], label=f"{artifact} (worst regret "
+                    f"{study['worst_regret'][artifact]:.3f})", **style)
+        ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(path))) or path)
+        ax.set_xlabel("run at share (% of the SMs, MPS)")
+        ax.set_ylabel("p50 latency (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -304,7 +334,13 @@ def main(argv=None) -> int:
     t.add_argument("--work", required=True)
     t.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     t.add_argument("--reference", default=None, help="the share to compare against (default: <kind>100)")
+    p = sub.add_parser("plot", help="latency against the run-at share, from study_matrix.json files")
+    p.add_argument("matrices", nargs="+", help="study_matrix.json of each model (one panel each)")
+    p.add_argument("--out", required=True, help="the .png to write")
     args = parser.parse_args(argv)
+    if args.step == "plot":
+        print(plot(args.matrices, args.out))
+        return 0
     if args.step == "tasks-vs-alone":
         print(tasks_vs_alone(args.work, args.alone_records, args.kind)[1])
         return 0

@@ -418,3 +418,20 @@ def test_useful_records_keeps_the_best_when_there_is_no_baseline(conv_records):
     same, applied = useful_records(original, None)  # no baselines at all: the database as it is
     assert same is original and applied == {}
     assert useful_records(original, {})[0] is original
+
+
+def test_builds_stay_off_the_core_a_gpu_shares_servers_launch_from():
+    from tunekit.clients.measurement import Measurement, builder_cores
+    from tunekit.shares.pinning import measurement_cores
+
+    allowed = list(range(16))
+    reserved = measurement_cores(allowed)
+    assert reserved == [15]
+    gpu = Measurement(fleets=[], device_kind="gpu", share_cores=reserved)
+    assert builder_cores(gpu, overlap=True, allowed=allowed) == list(range(15))
+    # measured with nothing building beside it (overlap off), the builds may take every core
+    assert builder_cores(gpu, overlap=False, allowed=allowed) == allowed
+    # on a small machine the builds need the core more: the servers are not pinned
+    assert measurement_cores([0, 1]) is None
+    assert builder_cores(Measurement(fleets=[], device_kind="gpu", share_cores=None), overlap=True,
+                         allowed=[0, 1]) == [0, 1]

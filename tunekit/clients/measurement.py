@@ -45,7 +45,8 @@ class Measurement:
     fleets: list[FleetAddress]
     device_kind: str                      # "cpu" or "gpu"
     label: str = ""                       # the share, for messages
-    share_cores: list[int] | None = None  # CPU share: the cores the servers are pinned to
+    share_cores: list[int] | None = None  # the cores the servers are pinned to (CPU: the share's; GPU: see
+                                          # shares.pinning.measurement_cores); builds stay off them
     share_env: dict = field(default_factory=dict)  # what pins a process to the share (MPS vars on GPU)
     shared: bool = False                  # other clients measure on the same servers: release idle sessions
     secret: bytes | None = field(default=None, repr=False)  # the warm servers' shared secret (never logged)
@@ -66,17 +67,18 @@ def overlap_allowed(device_kind: str, config: TuneConfig) -> bool:
     """Whether the next batch is searched and built while the last one is measured."""
     if config.overlap in (True, False):
         return config.overlap
-    # GPU: building is CPU work and does not disturb the measurement. CPU: the search and the
+    # GPU: building is CPU work; it stays off the core the servers launch from (builder_cores). CPU: the search and the
     # builders would share the machine with the share being measured, and giving them all the
     # cores while the (short) measurement runs alone is faster than splitting the cores.
     return device_kind == "gpu"
 
 
 def builder_cores(measurement: Measurement, *, overlap: bool, allowed: list[int] | None = None) -> list[int]:
-    """Cores for building and searching. When they overlap a CPU measurement they stay off the
-    share's cores (if there are others), so that building never disturbs a running measurement."""
+    """Cores for building and searching. When they overlap a measurement they stay off the cores its
+    servers are pinned to (if there are others), so that building never disturbs a running
+    measurement: on a CPU the share's cores; on a GPU the core its servers launch kernels from."""
     allowed = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
-    if overlap and measurement.device_kind == "cpu" and measurement.share_cores:
+    if overlap and measurement.share_cores:
         others = [c for c in allowed if c not in measurement.share_cores]
         if others:
             return others

@@ -33,10 +33,11 @@ class SearchEngine:
     life of a client, so several search calls (the coordinator's leftover rounds) reuse them."""
 
     def __init__(self, *, builder, runner, cost_model, cores: list[int], overlap: bool,
-                 share_cost_models: dict | None = None):
+                 share_cost_models: dict | None = None, measurement_cores: list[int] | None = None):
         self.builder, self.runner, self.cost_model = builder, runner, cost_model
         self.share_cost_models = share_cost_models or {}  # measure every share: the other shares' models
         self.cores, self.overlap = cores, overlap
+        self.measurement_cores = measurement_cores  # where the servers run (None: not pinned)
 
     def search(self, request):
         """Run the search loop over `request` (a clients.search_loop.SearchRequest): its share's LoopOutcome."""
@@ -51,7 +52,8 @@ class SearchEngine:
                           share_cost_models=self.share_cost_models)
 
     def describe(self) -> dict:
-        return {"overlap": self.overlap, "build_workers": self.builder.workers, "hung_candidates": self.runner.hangs,
+        return {"overlap": self.overlap, "build_workers": self.builder.workers, "build_cores": list(self.cores),
+                "measurement_cores": self.measurement_cores, "hung_candidates": self.runner.hangs,
                 "build_profile": self.builder.profile.summary()}
 
     def shutdown(self) -> None:
@@ -115,7 +117,8 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
              builder.workers, cores, len(measurement.fleets), overlap,
              f", measured at {', '.join([measurement.label, *other_shares])}" if other_shares else "")
     return SearchEngine(builder=builder, runner=runner, cost_model=new_cost_model(), cores=cores, overlap=overlap,
-                        share_cost_models={label: new_cost_model() for label in other_shares or {}})
+                        share_cost_models={label: new_cost_model() for label in other_shares or {}},
+                        measurement_cores=measurement.share_cores)
 
 
 class TunekitEngine:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 
 from ..clients.engine import Engine
-from ..clients.measurement import FleetAddress, Measurement
+from ..clients.measurement import FleetAddress, Measurement, overlap_allowed
 from ..config import TuneConfig
 from ..errors import TunekitError
 from .executor import ShareJob
@@ -80,12 +82,18 @@ class LocalExecutor:
     def _fleet(self, job: ShareJob, session: ShareSession):
         """The share's runner servers (a fleet pinned to the share) and where to reach them."""
         from ..servers.fleet import FleetConfig, RunnerFleet
+        from ..shares.pinning import measurement_cores
 
         fleet_config = FleetConfig(servers=self.config.servers, server_mode=self.config.server_mode,
                                    host=self.config.listen_host, secret=self.rpc_secret, log_dir=job.log_dir)
-        with RunnerFleet(key=f"tunekit-{job.label}", pinned=session.pinned, config=fleet_config) as fleet:
+        pinned = session.pinned
+        if job.share.kind == "gpu" and overlap_allowed("gpu", self.config) and self.config.measure_lock is not False:
+            # the servers launch kernels from a core the builds and the search leave alone; one core
+            # serves every server because the measurement lock lets one of them work at a time
+            pinned = dataclasses.replace(pinned, cores=measurement_cores(list(os.sched_getaffinity(0))))
+        with RunnerFleet(key=f"tunekit-{job.label}", pinned=pinned, config=fleet_config) as fleet:
             yield fleet, Measurement(
                 fleets=[FleetAddress(fleet_config.connect_host, fleet.tracker_port, fleet.key, self.config.servers,
                                      on_hang=fleet.stop_server_on_port)],
-                device_kind=job.share.kind, label=job.label, share_cores=session.pinned.cores,
-                share_env=session.pinned.env, secret=self.rpc_secret)
+                device_kind=job.share.kind, label=job.label, share_cores=pinned.cores,
+                share_env=pinned.env, secret=self.rpc_secret)

@@ -27,6 +27,26 @@ class PinnedEnv:
         return {"env": {**os.environ, **self.env}, "preexec_fn": _pin}
 
 
+# A GPU share's runner servers get one core of their own while tuning builds and searches beside them
+# on every other core, from this many cores up (below it, the builds need the core more).
+MEASUREMENT_CORE_FROM = 4
+
+
+def measurement_cores(allowed: list[int]) -> list[int] | None:
+    """The cores a GPU share's servers are pinned to while candidates build beside the measurement:
+    the last of `allowed`, or None (unpinned) on a machine of fewer than MEASUREMENT_CORE_FROM cores.
+
+    Why: a kernel of a few µs is timed by launching it back to back, so the timing includes any
+    time the server's launching thread waits for a core. In a build-once study on the H100 machine
+    (16 build workers and the search on all 16 cores), 1-3% of the candidates were recorded slower
+    at a share with more SMs than at one with fewer, by 1.3-5x; re-measured on a quiet machine,
+    none of 24 such contradictions came back (46.3 us recorded, 5.0 us again). Such records mislead
+    the search and the share-robust choice (benchmarks/results/h100-share-study-1000/). That the
+    busy cores caused them is the likely reading, not yet a measured one."""
+    allowed = sorted(allowed)
+    return [allowed[-1]] if len(allowed) >= MEASUREMENT_CORE_FROM else None
+
+
 def pinned_env(share: Share, *, mps_env: dict[str, str] | None = None, enforced: bool = True,
                cores: list[int] | None = None) -> PinnedEnv:
     """`cores`: a CPU share's cores (default: the first of this process's, share.cpu_cores())."""
