@@ -46,8 +46,8 @@ def add_arguments(p) -> None:
                    help="with several shares: one search per share, in turn, instead of one search whose "
                    "candidates are each built once and measured at every share (the default)")
     p.add_argument("--robust", action="store_true", default=None,
-                   help="with several shares: also write <model>-robust.so, one artifact whose per-task schedules "
-                   "minimize the worst regret (latency / best latency) over the listed shares; report.json gives "
+                   help="with several shares: also write <model>-robust.so, one artifact whose schedules minimize the "
+                   "model's worst regret (latency / best latency) over the listed shares; report.json gives "
                    "its regret at each share next to every share's own artifact")
     p.add_argument("--server-mode", choices=["warm", "stock"])
     p.add_argument("--engine", choices=["tunekit", "stock"],

@@ -1,15 +1,16 @@
 """The share-robust artifact (`--robust`): one compiled model for all the listed shares.
 
-Per task, the candidates are each share's best record and the untuned kernel; every one of them
-was measured at every share (measure every share), so each has a latency per share. The chosen one
-minimizes the worst regret over the shares (records.robust). The model compiled from the chosen
+Per task, the candidates are every record measured at every share (measure every share) and the
+untuned kernel, each with a latency per share. One is chosen per task so that the whole model's
+worst regret over the shares, estimated from its kernels' weighted sum, is smallest
+(records.robust.model_robust_choice). The model compiled from the chosen
 records is then measured at every share, beside every share's own artifact at every share: its
 regret at a share is its latency there over the best of them there. The robust artifact is then
 the one of them all whose worst regret, as a whole model, is smallest (pick_robust_artifact).
 """
 from __future__ import annotations
 
-from ..records.robust import robust_choice
+from ..records.robust import model_robust_choice, robust_choice
 
 UNTUNED = "untuned"
 PER_TASK = "robust-per-task"  # the matrix's name for the model compiled from the per-task choice
@@ -34,36 +35,44 @@ def _latencies(databases: dict) -> dict:
     return table, records
 
 
-def robust_records(databases: dict, baselines: dict) -> tuple:
-    """(a MemoryDatabase of the chosen records, one row per task). `databases`: share -> its
-    database; `baselines`: share -> {workload key: untuned us}."""
+def robust_records(databases: dict, baselines: dict, weights: dict) -> tuple:
+    """(a MemoryDatabase of the chosen records, one row per task, the estimate as a dict).
+    `databases`: share -> its database; `baselines`: share -> {workload key: untuned us};
+    `weights`: workload key -> how often the model runs the task. Every candidate measured at every
+    share can be chosen, not only a share's best: one good at both ends is often the best at neither."""
     from tvm.s_tir import meta_schedule as ms
 
     shares = list(databases)
     table, records = _latencies(databases)
-    chosen = ms.database.MemoryDatabase()
-    rows = []
+    tasks = {}
     for wk, traces in table.items():
-        candidates = {}
-        for share in shares:  # each share's best trace (among those measured at every share)
-            complete = {tk: lat for tk, lat in traces.items() if all(s in lat for s in shares)}
-            if complete:
-                best = min(complete, key=lambda tk: complete[tk][share])
-                candidates[best] = complete[best]
-        if all(wk in baselines.get(s, {}) for s in shares):
+        candidates = {tk: lat for tk, lat in traces.items() if all(s in lat for s in shares)}
+        if all(baselines.get(s, {}).get(wk) for s in shares):
             candidates[UNTUNED] = {s: baselines[s][wk] for s in shares}
-        choice = robust_choice(candidates, shares)
-        if choice is None:
-            continue
-        rows.append({"workload_hash": wk, "chosen": "untuned" if choice.candidate == UNTUNED else "record",
-                     "worst_regret": round(choice.worst_regret, 4),
-                     "regret": {s: round(r, 4) for s, r in choice.regret.items()}})
-        if choice.candidate != UNTUNED:
-            record = records[(wk, choice.candidate)]
+        if candidates:
+            tasks[wk] = candidates
+    chosen = ms.database.MemoryDatabase()
+    model = model_robust_choice(tasks, weights, shares)
+    if model is None:
+        return chosen, [], None
+    rows = []
+    for wk, candidate in sorted(model.choice.items()):
+        row = tasks[wk][candidate]
+        best = {s: min(lat[s] for lat in tasks[wk].values()) for s in shares}
+        regret = {s: round(row[s] / best[s], 4) for s in shares}
+        rows.append({"workload_hash": wk, "weight": weights.get(wk, 1),
+                     "chosen": "untuned" if candidate == UNTUNED else "record",
+                     "candidates": len(tasks[wk]), "worst_regret": max(regret.values()), "regret": regret,
+                     "us": {s: round(row[s], 3) for s in shares}})
+        if candidate != UNTUNED:
+            record = records[(wk, candidate)]
             chosen.commit_tuning_record(ms.database.TuningRecord(
                 record.trace, chosen.commit_workload(record.workload.mod), record.run_secs, record.target,
                 record.args_info))
-    return chosen, rows
+    estimate = {"worst_regret": round(model.worst_regret, 4),
+                "regret": {s: round(r, 4) for s, r in model.regret.items()},
+                "best_kernel_sum_us": {s: round(b, 2) for s, b in model.best_sum.items()}}
+    return chosen, rows, estimate
 
 
 def regret_matrix(latency_ms: dict) -> dict:
