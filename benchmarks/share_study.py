@@ -29,6 +29,15 @@ median ratio (build-once / alone; <= 1.03 meets the target) and each run's measu
 the same comparison per task, from the records (A, B: dirs holding records-<share> of searches alone):
 candidates and best us per task at each share, and the weighted sums. Writes W/study_vs_alone_tasks.{json,md}.
 
+  python benchmarks/share_study.py records --work W [--ratio 1.2]
+
+what the records themselves say. (1) Contradictions: a kernel whose launch does not change cannot get
+slower with more SMs, so a candidate recorded more than RATIO slower at a larger share is a measurement
+error (measure_noise.py --suspects re-measures them); their rate, by tenth of the run (record order) and
+by kernel size. (2) The share-robust choice from the kernels' weighted sums: the whole-model choice
+tunekit makes (records.robust.model_robust_choice), the dual's lower bound on any choice from these
+candidates, each share's own choice and each task's own minimax choice. Writes W/study_records.{json,md}.
+
   python benchmarks/share_study.py plot W1/study_matrix.json [W2/study_matrix.json ...] --out latency_vs_share.png
 
 a panel per model: p50 latency against the run-at share, a line per artifact, its worst regret in the legend.
@@ -222,6 +231,89 @@ def candidate_times(work: str, kind: str) -> dict[str, dict[str, dict[str, float
     return out
 
 
+def record_order(db_dir: str) -> list[tuple[str, str]]:
+    """(workload key, trace) of each record of one share, in the order the run measured them."""
+    from tunekit.records.jsonl import read_records, read_workloads
+
+    keys = [f"{int(w[0]) & 0xFFFFFFFFFFFFFFFF:016x}" if w else None for w in read_workloads(db_dir)]
+    return [(keys[line.workload], line.trace_text()) for line in read_records(db_dir)
+            if line.workload < len(keys) and keys[line.workload]]
+
+
+def records_summary(work: str, kind: str, ratio: float) -> dict:
+    """Contradictions of the shares' SM order, and the share-robust choice, from the records alone."""
+    from tunekit.records.baselines import read_baselines
+    from tunekit.records.robust import model_robust_choice, robust_choice
+
+    times = candidate_times(work, kind)
+    shares = sorted(times, key=lambda s: int(s[len(kind):]))
+    every = {(wk, tr): {s: times[s][wk][tr] for s in shares}
+             for wk, traces in times[shares[0]].items() for tr in traces
+             if all(tr in times[s].get(wk, {}) for s in shares)}
+    order = [key for key in record_order(os.path.join(work, f"records-{shares[0]}")) if key in every]
+
+    def worst_ratio(row):  # time at a larger share over time at a smaller one: > 1 contradicts
+        return max(row[hi] / row[lo] for i, lo in enumerate(shares) for hi in shares[i + 1:])
+
+    bad = [worst_ratio(every[key]) > ratio for key in order]
+    tenths = [sum(bad[i] for i in range(len(order)) if i * 10 // len(order) == t) for t in range(10)]
+    small = [b for key, b in zip(order, bad) if min(every[key].values()) < 10]
+    large = [b for key, b in zip(order, bad) if min(every[key].values()) >= 10]
+    contradictions = {"ratio": ratio, "candidates": len(order), "contradicting": sum(bad),
+                      "by_tenth_of_the_run": tenths,
+                      "under_10us": [sum(small), len(small)], "from_10us": [sum(large), len(large)]}
+
+    weights, tasks = {}, {}
+    for share in shares:
+        path = os.path.join(work, f"report-{share}.json")
+        if os.path.isfile(path):
+            weights.update({t["workload_hash"]: t.get("weight", 1)
+                            for t in json.load(open(path)).get("tasks", []) if t.get("workload_hash")})
+    baselines = {s: read_baselines(os.path.join(work, f"records-{s}")) for s in shares}
+    for (wk, tr), row in every.items():
+        tasks.setdefault(wk, {})[tr] = row
+    for wk in tasks:
+        if all(baselines[s].get(wk) for s in shares):
+            tasks[wk]["untuned"] = {s: baselines[s][wk] for s in shares}
+    model = model_robust_choice(tasks, weights, shares)
+
+    def regret_of(choice):
+        return {s: round(sum(weights.get(t, 1) * tasks[t][c][s] for t, c in choice.items())
+                         / model.best_sum[s], 4) for s in shares}
+
+    choices = {"whole-model choice (tunekit --robust)": model.choice}
+    for own in shares:
+        choices[f"each task's best at {own}"] = {t: min(c, key=lambda k: c[k][own]) for t, c in tasks.items()}
+    per_task = {}  # the rule before: per task, among each share's best and the untuned kernel
+    for t, c in tasks.items():
+        pool = {min(c, key=lambda k: c[k][s]): None for s in shares}
+        pool.update({"untuned": None} if "untuned" in c else {})
+        per_task[t] = robust_choice({k: c[k] for k in pool}, shares).candidate
+    choices["each task's own minimax (the rule before)"] = per_task
+    robust = {name: {"regret": regret_of(ch), "worst_regret": max(regret_of(ch).values())}
+              for name, ch in choices.items()}
+    return {"shares": shares, "contradictions": contradictions, "robust": robust,
+            "lower_bound": round(model.lower_bound, 4),
+            "best_kernel_sum_us": {s: round(b, 2) for s, b in model.best_sum.items()}}
+
+
+def write_records(work: str, summary: dict) -> str:
+    c, shares = summary["contradictions"], summary["shares"]
+    pct = lambda n, d: f"{n} of {d} ({100 * n / d:.1f}%)" if d else "0"  # noqa: E731
+    lines = [f"Candidates recorded more than {c['ratio']}x slower at a larger share: "
+             f"{pct(c['contradicting'], c['candidates'])}; by tenth of the run: {c['by_tenth_of_the_run']}; "
+             f"kernels under 10 us: {pct(*c['under_10us'])}, from 10 us: {pct(*c['from_10us'])}.", "",
+             "Share-robust choice, estimated from the kernels' weighted sums (regret: the sum over the sum of "
+             "each task's best at the share):", "",
+             "| choice | " + " | ".join(shares) + " | worst |", "| --- |" + " ---: |" * (len(shares) + 1)]
+    for name, row in summary["robust"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{row['regret'][s]:.4f}" for s in shares)
+                     + f" | {row['worst_regret']:.4f} |")
+    lines += ["", f"No choice from these candidates has a worst regret below {summary['lower_bound']:.4f} "
+              "(the Lagrangian dual's bound)."]
+    return _write_both(work, "study_records", summary, "\n".join(lines) + "\n")
+
+
 def per_task(times: dict, report: dict, shares: list[str], reference: str) -> list[dict]:
     """Per task: best us at each share, and the reference share's best kernel timed at each share."""
     names = {}
@@ -334,12 +426,19 @@ def main(argv=None) -> int:
     t.add_argument("--work", required=True)
     t.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     t.add_argument("--reference", default=None, help="the share to compare against (default: <kind>100)")
+    r = sub.add_parser("records", help="contradictions of the SM order, and the robust choice, from the records")
+    r.add_argument("--work", required=True)
+    r.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
+    r.add_argument("--ratio", type=float, default=1.2)
     p = sub.add_parser("plot", help="latency against the run-at share, from study_matrix.json files")
     p.add_argument("matrices", nargs="+", help="study_matrix.json of each model (one panel each)")
     p.add_argument("--out", required=True, help="the .png to write")
     args = parser.parse_args(argv)
     if args.step == "plot":
         print(plot(args.matrices, args.out))
+        return 0
+    if args.step == "records":
+        print(write_records(args.work, records_summary(args.work, args.kind, args.ratio)))
         return 0
     if args.step == "tasks-vs-alone":
         print(tasks_vs_alone(args.work, args.alone_records, args.kind)[1])

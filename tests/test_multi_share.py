@@ -62,6 +62,14 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     source = robust["per_task_artifact"] if chosen == "robust-per-task" else per_share[chosen]["artifact"]
     assert open(robust["artifact"], "rb").read() == open(source, "rb").read()
     assert robust["tasks"] and all(t["worst_regret"] >= 1.0 for t in robust["tasks"])
+    # The choice is made for the model: its kernels weighted by how often the model runs each task ...
+    weights = {t["workload_hash"]: t["weight"] for t in per_share["cpu50"]["tasks"] if t.get("workload_hash")}
+    assert all(t["weight"] == weights[t["workload_hash"]] for t in robust["tasks"])
+    estimate = robust["kernel_sum_estimate"]
+    for share in ("cpu50", "cpu100"):  # ... and its estimate is that weighted sum over each task's best
+        total = sum(t["weight"] * t["us"][share] for t in robust["tasks"])
+        assert abs(total / estimate["best_kernel_sum_us"][share] - estimate["regret"][share]) < 2e-3
+    assert 1.0 <= estimate["lower_bound"] <= estimate["worst_regret"] == max(estimate["regret"].values())
 
 
 def test_a_shares_picks_are_all_measured_before_the_next_share_searches_the_task(example_model, tmp_path):

@@ -104,6 +104,7 @@ def test_the_model_choice_is_the_optimum_when_small_and_near_the_lagrangian_boun
                       for combo in itertools.product(*(sorted(tasks[t]) for t in names)))
         model = model_robust_choice(tasks, weights, shares)
         assert math.isclose(model.worst_regret, optimum)
+        assert model.lower_bound <= optimum + 1e-9
         assert math.isclose(model.worst_regret, _kernel_sum_regret(tasks, weights, model.choice, shares))
     # Large (60 tasks x 40 candidates, each fast at some share, slow at others): beyond enumeration;
     # no choice can beat the Lagrangian dual's bound, and this one must come within 0.5% of it.
@@ -119,6 +120,7 @@ def test_the_model_choice_is_the_optimum_when_small_and_near_the_lagrangian_boun
     lam = np.array(list(_simplex(3, 100)))
     bound = float(sum((m @ lam.T).min(axis=0) for m in scaled).max())
     assert bound <= model.worst_regret + 1e-9
+    assert math.isclose(model.lower_bound, bound, rel_tol=1e-3)  # the report's bound is that dual
     assert model.worst_regret <= bound * 1.005
     per_task = {t: robust_choice(c, shares).candidate for t, c in tasks.items()}
     assert model.worst_regret <= _kernel_sum_regret(tasks, weights, per_task, shares)

@@ -182,6 +182,10 @@ def _robust_lines(robust: dict | None) -> str:
     for name, row in robust["matrix"].items():
         cells = [f"{row['regret'].get(s, float('nan')):.3f}" for s in shares]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['worst_regret']:.3f} |")
+    estimate = robust.get("kernel_sum_estimate")
+    if estimate:  # what the per-task choice expected from its kernels, and what no choice could beat
+        lines.append(f"per-task choice, from its kernels' times: worst regret {estimate['worst_regret']:.3f} "
+                     f"(no choice from these candidates below {estimate['lower_bound']:.3f})")
     return "\n".join(lines) + f"\nrobust model ({robust.get('chosen', 'robust-per-task')}): {robust['artifact']}"
 
 

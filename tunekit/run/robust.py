@@ -69,7 +69,7 @@ def robust_records(databases: dict, baselines: dict, weights: dict) -> tuple:
             chosen.commit_tuning_record(ms.database.TuningRecord(
                 record.trace, chosen.commit_workload(record.workload.mod), record.run_secs, record.target,
                 record.args_info))
-    estimate = {"worst_regret": round(model.worst_regret, 4),
+    estimate = {"worst_regret": round(model.worst_regret, 4), "lower_bound": round(model.lower_bound, 4),
                 "regret": {s: round(r, 4) for s, r in model.regret.items()},
                 "best_kernel_sum_us": {s: round(b, 2) for s, b in model.best_sum.items()}}
     return chosen, rows, estimate
