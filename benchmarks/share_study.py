@@ -252,6 +252,7 @@ def records_summary(work: str, kind: str, ratio: float) -> dict:
              if all(tr in times[s].get(wk, {}) for s in shares)}
     order = [key for key in record_order(os.path.join(work, f"records-{shares[0]}")) if key in every]
 
+    # measure_noise.contradiction, restated: importing that script would load TVM for a JSON reading
     def worst_ratio(row):  # time at a larger share over time at a smaller one: > 1 contradicts
         return max(row[hi] / row[lo] for i, lo in enumerate(shares) for hi in shares[i + 1:])
 
@@ -286,12 +287,13 @@ def records_summary(work: str, kind: str, ratio: float) -> dict:
         choices[f"each task's best at {own}"] = {t: min(c, key=lambda k: c[k][own]) for t, c in tasks.items()}
     per_task = {}  # the rule before: per task, among each share's best and the untuned kernel
     for t, c in tasks.items():
-        pool = {min(c, key=lambda k: c[k][s]): None for s in shares}
-        pool.update({"untuned": None} if "untuned" in c else {})
+        pool = {min(c, key=lambda k: c[k][s]) for s in shares} | ({"untuned"} & set(c))
         per_task[t] = robust_choice({k: c[k] for k in pool}, shares).candidate
     choices["each task's own minimax (the rule before)"] = per_task
-    robust = {name: {"regret": regret_of(ch), "worst_regret": max(regret_of(ch).values())}
-              for name, ch in choices.items()}
+    robust = {}
+    for name, choice in choices.items():
+        regret = regret_of(choice)
+        robust[name] = {"regret": regret, "worst_regret": max(regret.values())}
     return {"shares": shares, "contradictions": contradictions, "robust": robust,
             "lower_bound": round(model.lower_bound, 4),
             "best_kernel_sum_us": {s: round(b, 2) for s, b in model.best_sum.items()}}
