@@ -58,6 +58,9 @@ def bench_command(args) -> int:
     lines = [f"{result.share} ({where}{'' if result.share_enforced else ', UNENFORCED'}): "
              f"p50 {result.p50_ms:.4f} ms, p90 {result.p90_ms:.4f} ms, p99 {result.p99_ms:.4f} ms, "
              f"{result.throughput_per_s:.1f} inferences/s ({result.repeats} runs after {result.warmup} warm-up)"]
+    if result.variant:  # a share-robust artifact: which share's schedules ran here, and why
+        timed = ", ".join(f"{label} {ms:.4f} ms" for label, ms in (result.variant_median_ms or {}).items())
+        lines.append(f"  ran the variant tuned at {result.variant}" + (f" (timed at load: {timed})" if timed else ""))
     for row in (result.numerics or {}).get("outputs", []):
         lines.append(f"  vs onnxruntime: {row['name']}: max abs {row['max_abs_err']:.3g}, "
                      f"max rel {row['max_rel_err']:.3g}, cosine {row['cosine']:.6f}")

@@ -186,7 +186,11 @@ def _robust_lines(robust: dict | None) -> str:
     if estimate:  # what the per-task choice expected from its kernels, and what no choice could beat
         lines.append(f"per-task choice, from its kernels' times: worst regret {estimate['worst_regret']:.3f} "
                      f"(no choice from these candidates below {estimate['lower_bound']:.3f})")
-    return "\n".join(lines) + f"\nrobust model ({robust.get('chosen', 'robust-per-task')}): {robust['artifact']}"
+    where = ", ".join(f"{variant} at {share}" for share, variant in (robust.get("variant_at") or {}).items())
+    if where:  # a variant per share, the one fastest where it runs (deploy.variants)
+        lines.append(f"robust model: a variant per share, timed at load; here it ran {where} "
+                     f"(static choice, its `main`: {robust.get('static_choice')})")
+    return "\n".join(lines) + f"\nrobust model: {robust['artifact']}"
 
 
 def run(args) -> int:

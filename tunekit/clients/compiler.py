@@ -62,12 +62,28 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
                        cuda_graph: bool | None = None) -> str:
     """Apply the records worth applying, compile (with CUDA graphs on a GPU unless `cuda_graph` is
     False) and export a linked library to `path` atomically."""
-    import tvm
-
     if database is not None:
         database, _ = useful_records(database, baselines)
     mod = prepared_mod if database is None else apply_records(prepared_mod=prepared_mod, target=target,
                                                               database=database)
+    return _build_and_export(mod, target=target, path=path, tuned=database is not None, cuda_graph=cuda_graph)
+
+
+def compile_variants_and_export(*, variants: dict, default: str, target, path: str) -> str:
+    """The share-robust artifact: `variants` {label: (prepared module, database of the records to
+    apply)} merged into one module (clients.share_variants), entries `main__<label>`, `main` the
+    `default` one, compiled once and exported to `path`."""
+    from .share_variants import merge_variants
+
+    modules = {label: apply_records(prepared_mod=prepared, target=target, database=database)
+               for label, (prepared, database) in variants.items()}
+    return _build_and_export(merge_variants(modules, default=default), target=target, path=path, tuned=True,
+                             cuda_graph=None)
+
+
+def _build_and_export(mod, *, target, path: str, tuned: bool, cuda_graph: bool | None) -> str:
+    import tvm
+
     graphs = uses_cuda_graphs(target) if cuda_graph is None else cuda_graph
     if target.kind.name == "cuda":
         # Registers tvm_callback_cuda_compile: the artifact carries cubins compiled here by NVRTC, so
@@ -81,7 +97,7 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
     # ms.relax_integration.compile_relax would drop: it opens a PassContext of its own). A tuned
     # tensor-core kernel may need the storage-rewrite workaround its candidate was built with
     # (clients.build_config.NO_STORAGE_REWRITE): tried when the plain build fails.
-    configs = [{}, NO_STORAGE_REWRITE] if target.kind.name == "cuda" and database is not None else [{}]
+    configs = [{}, NO_STORAGE_REWRITE] if target.kind.name == "cuda" and tuned else [{}]
     for attempt, extra in enumerate(configs):
         try:
             # `with target`: NVRTC takes the architecture from the current target

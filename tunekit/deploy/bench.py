@@ -49,6 +49,8 @@ class BenchResult:
     tvm_version: str
     numerics: dict | None = None  # with compare_onnx: per output errors against onnxruntime (CPU)
     pytorch: dict | None = None   # with compare_onnx: PyTorch timing, or why there is none
+    variant: str | None = None    # a share-robust artifact: the share whose schedules ran (timed at load)
+    variant_median_ms: dict | None = None  # ... and each variant's time there
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -115,7 +117,8 @@ def bench(artifact: str, *, gpu_pct: int | None = None, cpu_pct: int | None = No
     result = BenchResult(
         artifact=artifact, share=share.label, share_enforced=enforced, device=seen["device"], repeats=repeats,
         warmup=warmup, **latency_stats(seen["latencies_ms"]), cores=int(seen["cores"]),
-        sm_count=seen.get("sm_count"), gpu_name=seen.get("gpu_name"), tvm_version=meta.tvm_version)
+        sm_count=seen.get("sm_count"), gpu_name=seen.get("gpu_name"), tvm_version=meta.tvm_version,
+        variant=seen.get("variant"), variant_median_ms=seen.get("variant_median_ms") or None)
     if compare_onnx:
         result.numerics = _numerics(compare_onnx, meta=meta, inputs=inputs, outputs=outputs)
         result.pytorch = pytorch_note(compare_onnx)

@@ -31,12 +31,12 @@ def time_calls(model, tensors: list, *, repeats: int, warmup: int) -> list[float
     """Latency of `repeats` calls, each timed on its own (so percentiles mean something), after
     `warmup` calls that fill caches, load kernels and (CUDA graphs) capture."""
     dev = model.device.tvm_device()
-    main = model.vm["main"]
+    main = model.vm[model.entry]
     for _ in range(warmup):
         main(*tensors)
     dev.sync()
     # number=1: one call per sample; TVM times it in C++ and synchronises the device around it.
-    timer = model.vm.time_evaluator("main", dev, number=1, repeat=repeats, min_repeat_ms=0)
+    timer = model.vm.time_evaluator(model.entry, dev, number=1, repeat=repeats, min_repeat_ms=0)
     return [float(s) * 1e3 for s in timer(*tensors).results]
 
 
@@ -45,10 +45,10 @@ def run(request: dict) -> dict:
     arrays = read_npz(request["inputs"])
     values = model.bind((), arrays)  # the same checks a caller gets, in main's order
     tensors = [to_tvm(value, device=model.device) for value in values]
-    outputs = [tensor.numpy() for tensor in flatten_outputs(model.vm["main"](*tensors))]
+    outputs = [tensor.numpy() for tensor in flatten_outputs(model.vm[model.entry](*tensors))]
     write_npz(request["outputs"], {spec.name: out for spec, out in zip(model.outputs, outputs)})
     latencies = time_calls(model, tensors, repeats=int(request["repeats"]), warmup=int(request["warmup"]))
-    return {"latencies_ms": latencies, **device_seen(model)}
+    return {"latencies_ms": latencies, **device_seen(model), **model.choice.to_dict()}
 
 
 def main(argv=None) -> int:

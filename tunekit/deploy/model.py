@@ -13,18 +13,32 @@ from ..errors import TunekitError
 from .arrays import TORCH, array_kind, from_tvm, input_problem, to_tvm
 from .compat import DeviceSpec, check_runnable, parse_device
 from .metadata import ArtifactMetadata, TensorSpec, read_metadata
+from .variants import AUTO, VariantChoice, choose_variant, variants_of
 
 
 class TunedModel:
     """A compiled model loaded on one device. Call it with the inputs, positionally (in the order
     of `.inputs`) or by name; one output comes back as an array, several as a tuple."""
 
-    def __init__(self, *, artifact: str, metadata: ArtifactMetadata, device: DeviceSpec, vm):
+    def __init__(self, *, artifact: str, metadata: ArtifactMetadata, device: DeviceSpec, vm,
+                 choice: VariantChoice | None = None):
         self.artifact = artifact
         self.metadata = metadata
         self.device = device
         self.vm = vm  # the Relax VirtualMachine, for callers that time or profile it themselves
-        self._main = vm["main"]
+        # a share-robust artifact has one entry per share; `choice` says which one this model calls
+        self.choice = choice or VariantChoice(None, "main", "only")
+        self._main = vm[self.choice.entry]
+
+    @property
+    def entry(self) -> str:
+        """The Relax function every call runs: "main", or a share's variant of a robust artifact."""
+        return self.choice.entry
+
+    @property
+    def variant(self) -> str | None:
+        """The share whose schedules this model runs (a robust artifact), None for `main`."""
+        return self.choice.label
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -52,7 +66,8 @@ class TunedModel:
         return self.metadata.tvm_version
 
     def __repr__(self) -> str:
-        return (f"TunedModel({os.path.basename(self.artifact)!r}, share={self.share}, "
+        variant = f", variant={self.variant}" if self.variant else ""
+        return (f"TunedModel({os.path.basename(self.artifact)!r}, share={self.share}{variant}, "
                 f"precision={self.precision}, device={self.device})")
 
     def bind(self, args: tuple, kwargs: dict) -> list:
@@ -115,10 +130,14 @@ def flatten_outputs(result) -> list:
     return list(result)
 
 
-def load(artifact: str, *, device=None) -> TunedModel:
+def load(artifact: str, *, device=None, variant: str | None = AUTO) -> TunedModel:
     """Load a compiled model (`.so`) and its metadata (`.json` beside it) on `device`
     (None: the artifact's own kind, device 0; or "cpu", "cuda", "cuda:1", a tvm or torch device).
-    Refused in one line when it cannot run here (TVM version, GPU architecture, no GPU)."""
+    Refused in one line when it cannot run here (TVM version, GPU architecture, no GPU).
+
+    `variant` matters only for a share-robust artifact (`tunekit tune --robust`), which carries one
+    set of schedules per share: "auto" times each on random inputs here (about a second) and keeps
+    the fastest, a share label ("gpu40") takes that share's, None or "main" the static choice."""
     if not os.path.isfile(artifact):
         raise TunekitError(f"compiled model not found: {artifact}")
     meta = read_metadata(artifact)
@@ -132,4 +151,12 @@ def load(artifact: str, *, device=None) -> TunedModel:
     except Exception as exc:  # TVM raises its own error types; the user needs the one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise TunekitError(f"cannot load {artifact}: {first[:300]}") from None
-    return TunedModel(artifact=artifact, metadata=meta, device=where, vm=vm)
+    variants = variants_of(meta.extra)
+    args = []
+    if variants and variant == AUTO:
+        from .arrays import to_tvm
+        from .runner import random_inputs
+
+        args = [to_tvm(array, device=where) for array in random_inputs(meta).values()]
+    choice = choose_variant(vm, where.tvm_device(), args, variants, variant=variant)
+    return TunedModel(artifact=artifact, metadata=meta, device=where, vm=vm, choice=choice)

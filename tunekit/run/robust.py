@@ -5,8 +5,9 @@ untuned kernel, each with a latency per share. One is chosen per task so that th
 worst regret over the shares, estimated from its kernels' weighted sum, is smallest
 (records.robust.model_robust_choice). The model compiled from the chosen
 records is then measured at every share, beside every share's own artifact at every share: its
-regret at a share is its latency there over the best of them there. The robust artifact is then
-the one of them all whose worst regret, as a whole model, is smallest (pick_robust_artifact).
+regret at a share is its latency there over the best of them there. The static choice is the one
+of them all whose worst regret, as a whole model, is smallest (pick_robust_artifact): it is the
+robust artifact's `main`, beside a variant per share (deploy.variants).
 """
 from __future__ import annotations
 

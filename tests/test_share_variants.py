@@ -1,0 +1,106 @@
+"""The share-robust artifact's variants (issue 15): one module with a variant per share, compiled once,
+loaded by tunekit.load, which runs the variant that is fastest where it is loaded."""
+import numpy as np
+import pytest
+
+import tunekit
+from tunekit.errors import TunekitError
+
+
+@pytest.fixture(scope="module")
+def two_variants(example_model, tmp_path_factory):
+    """tiny_cnn for the CPU as two variants that differ in one kernel's schedule (its conv loop split
+    and parallel in `b`), merged, compiled and exported with metadata listing both."""
+    import tvm
+    from tvm import relax, s_tir
+
+    from tunekit.clients.share_variants import merge_variants
+    from tunekit.deploy.metadata import metadata_for, write_metadata
+    from tunekit.frontend.precision import prepare
+    from tunekit.run.session import load_model
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    loaded = load_model(example_model)
+    target = target_for(Share.from_label("cpu50"))
+    prepared, _ = prepare(loaded.mod, target, precision="fp32")
+    sch = s_tir.Schedule(prepared)
+    sch.work_on("fused_conv2d_add_relu")
+    block = sch.get_sblock("conv2d_nchw")
+    outer, _ = sch.split(sch.get_loops(block)[1], factors=[None, 4])
+    sch.parallel(outer)
+    rescheduled = sch.mod
+    merged = merge_variants({"a": prepared, "b": rescheduled}, default="b")
+    path = str(tmp_path_factory.mktemp("variants") / "tiny-robust.so")
+    with target:
+        tvm.compile(merged, target=target).export_library(path)
+    meta = metadata_for(loaded=loaded, target=target, share_label=None, precision="fp32", tuned_trials=0,
+                        db_dir=None, prepared_mod=prepared)
+    meta.extra.update({"variants": {"a": "main__a", "b": "main__b"}, "default_variant": "b"})
+    write_metadata(path, meta)
+    return {"merged": merged, "path": path, "loaded": loaded, "relax": relax}
+
+
+def test_merged_module_has_an_entry_per_variant_and_each_kernel_once(two_variants):
+    names = {gv.name_hint for gv, _ in two_variants["merged"].functions_items()}
+    assert {"main", "main__a", "main__b"} <= names
+    # the rescheduled conv exists in both versions; a kernel the variants share is kept once
+    assert {"fused_conv2d_add_relu__a", "fused_conv2d_add_relu__b"} <= names
+    assert "reshape2__a" in names and "reshape2__b" not in names
+    main_b = two_variants["merged"]["main__b"]
+    assert "fused_conv2d_add_relu__b" in main_b.script() and "fused_conv2d_add_relu__a" not in main_b.script()
+    assert two_variants["merged"]["main"].attrs["global_symbol"] == "main"
+
+
+def test_every_variant_computes_the_model(two_variants):
+    loaded = two_variants["loaded"]
+    sample = loaded.inputs.random(seed=3)
+    (expected,) = loaded.reference(sample)
+    for variant in ("a", "b", None, "auto"):
+        model = tunekit.load(two_variants["path"], variant=variant)
+        (out,) = [model(*sample.values())]
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_load_times_the_variants_and_runs_the_fastest_unless_told(two_variants):
+    model = tunekit.load(two_variants["path"])
+    timed = model.choice.median_ms
+    assert set(timed) == {"a", "b"} and all(ms > 0 for ms in timed.values())
+    assert model.choice.how == "auto" and model.variant == min(timed, key=timed.get)
+    assert model.entry == f"main__{model.variant}"
+    asked = tunekit.load(two_variants["path"], variant="a")
+    assert (asked.variant, asked.entry, asked.choice.how) == ("a", "main__a", "asked")
+    static = tunekit.load(two_variants["path"], variant=None)
+    assert (static.variant, static.entry) == (None, "main")
+    with pytest.raises(TunekitError, match=r"no variant 'gpu40'.*a, b"):
+        tunekit.load(two_variants["path"], variant="gpu40")
+
+
+def test_bench_reports_the_variant_it_ran(two_variants):
+    result = tunekit.bench(two_variants["path"], cpu_pct=50, repeats=3, warmup=1)
+    assert result.variant in {"a", "b"} and set(result.variant_median_ms) == {"a", "b"}
+    assert result.variant == min(result.variant_median_ms, key=result.variant_median_ms.get)
+
+
+def test_gpu_variants_compile_into_one_artifact_with_a_cuda_graph_each(tmp_path):
+    """The transformer example in fp16 for the H100 (compiled on this CPU machine), two variants: one
+    artifact with both entries, each replayed from its own CUDA graph. Each variant's `main` gets
+    fresh variables: shared ones broke FuseOps ("input_ids appears at multiple definition sites")."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    from tunekit.clients.compiler import compile_variants_and_export
+    from tunekit.frontend.precision import prepare
+    from tunekit.models.examples import save_example
+    from tunekit.run.session import load_model
+
+    target = Target("nvidia/nvidia-h100")
+    model = save_example("transformer", str(tmp_path / "transformer.onnx"))
+    prepared, precision = prepare(load_model(model).mod, target, precision="auto")
+    assert precision == "fp16"
+    empty = ms.database.MemoryDatabase()  # no records: each variant keeps the default schedules
+    path = compile_variants_and_export(variants={"gpu20": (prepared, empty), "gpu100": (prepared, empty)},
+                                       default="gpu100", target=target, path=str(tmp_path / "t-robust.so"))
+    binary = open(path, "rb").read()
+    assert b"main__gpu20" in binary and b"main__gpu100" in binary
+    assert b"_cuda_graph_capture" in binary
