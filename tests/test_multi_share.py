@@ -62,7 +62,7 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     assert static in statics and statics[static]["worst_regret"] == min(r["worst_regret"] for r in statics.values())
     expected = {"cpu50", "cpu100"} | ({"robust-per-task"} if static == "robust-per-task" else set())
     assert set(robust["variants"]) == expected
-    assert all(robust["variants"][label] == f"main__{label}" for label in expected)
+    assert all(robust["variants"][label] == "main__" + label.replace("-", "_") for label in expected)
     assert set(robust["variant_at"]) == {"cpu50", "cpu100"} and set(robust["variant_at"].values()) <= expected
     import tunekit
 

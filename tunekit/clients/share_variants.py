@@ -9,7 +9,7 @@ VM's constant pool stores once (ResNet-18, two variants: 47.05 MB against 47.04 
 """
 from __future__ import annotations
 
-from ..deploy.variants import DEFAULT_ENTRY, entry_name
+from ..deploy.variants import DEFAULT_ENTRY, entry_name, symbol_suffix
 
 
 def merge_variants(modules: dict, *, default: str):
@@ -23,10 +23,11 @@ def merge_variants(modules: dict, *, default: str):
     builder = relax.BlockBuilder()
     entries = {}
     for label, mod in modules.items():
+        suffix = symbol_suffix(label)
         renamed = {}  # old name -> GlobalVar in the merged module
         for gv, func in mod.functions_items():
             if not isinstance(func, relax.Function):
-                renamed[gv.name_hint] = builder.add_func(func, f"{gv.name_hint}__{label}")
+                renamed[gv.name_hint] = builder.add_func(func, f"{gv.name_hint}__{suffix}")
 
         @mutator
         class _Rename(PyExprMutator):
@@ -38,7 +39,7 @@ def merge_variants(modules: dict, *, default: str):
 
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                name = entry_name(label) if gv.name_hint == DEFAULT_ENTRY else f"{gv.name_hint}__{label}"
+                name = entry_name(label) if gv.name_hint == DEFAULT_ENTRY else f"{gv.name_hint}__{suffix}"
                 # fresh Vars: one Var defined in two functions breaks FuseOps ("appears at multiple
                 # definition sites"), and every variant's `main` starts from the same parameters
                 body = copy_with_new_vars(_Rename().visit_expr(func)).with_attr("global_symbol", name)

@@ -16,6 +16,7 @@ Nothing here imports TVM at import time.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -29,9 +30,15 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 15
 
 
+def symbol_suffix(label: str) -> str:
+    """`label` as part of a function name: the static per-task choice's label, "robust-per-task",
+    has hyphens, which no symbol may have (the build failed with an empty RuntimeError)."""
+    return re.sub(r"\W", "_", label)
+
+
 def entry_name(label: str) -> str:
-    """The Relax function of the variant tuned at share `label`."""
-    return f"{DEFAULT_ENTRY}__{label}"
+    """The Relax function of the variant `label` (a share, or the static per-task choice)."""
+    return f"{DEFAULT_ENTRY}__{symbol_suffix(label)}"
 
 
 @dataclass(frozen=True)
