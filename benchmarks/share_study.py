@@ -69,16 +69,21 @@ def artifacts(work: str, kind: str) -> dict[str, str]:
     return found
 
 
-def measure(found: dict[str, str], kind: str, pcts: list[int], repeats: int) -> dict[str, dict[int, float]]:
+def measure(found: dict[str, str], kind: str, pcts: list[int], repeats: int) -> tuple[dict, dict]:
+    """({artifact: {pct: p50 ms}}, {artifact: {pct: the variant it ran}} for the share-robust artifact)."""
     from tunekit.deploy import bench
 
     matrix: dict[str, dict[int, float]] = {}
+    variants: dict[str, dict[int, str]] = {}
     for pct in pcts:  # one share at a time, every artifact back to back: the same conditions for each
         for label, path in found.items():
             result = bench(path, repeats=repeats, **{f"{kind}_pct": pct})
             matrix.setdefault(label, {})[pct] = round(result.p50_ms, 4)
-            print(f"{label} at {kind}{pct}: {result.p50_ms:.4f} ms", flush=True)
-    return matrix
+            ran = f" (ran its {result.variant} variant)" if result.variant else ""
+            if result.variant:
+                variants.setdefault(label, {})[pct] = result.variant
+            print(f"{label} at {kind}{pct}: {result.p50_ms:.4f} ms{ran}", flush=True)
+    return matrix, variants
 
 
 def summarize(matrix: dict[str, dict[int, float]], kind: str, pcts: list[int]) -> dict:
@@ -109,6 +114,8 @@ def write(work: str, study: dict, kind: str, pcts: list[int]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {study['worst_regret'][label]} |")
     lines += ["", "Tuned at the share / tuned at 100%, run at the share: "
               + ", ".join(f"{kind}{p}: {v}" for p, v in study["tuned_at_share_over_tuned_at_100"].items())]
+    for label, ran in study.get("variant_ran", {}).items():
+        lines.append(f"{label} ran the variant tuned at: " + ", ".join(f"{v} at {kind}{p}" for p, v in ran.items()))
     return _write_both(work, "study_matrix", study, "\n".join(lines) + "\n")
 
 
@@ -471,7 +478,9 @@ def main(argv=None) -> int:
     if not found:
         print(f"no tuned artifacts in {args.work}", file=sys.stderr)
         return 2
-    study = summarize(measure(found, args.kind, pcts, args.repeats), args.kind, pcts)
+    matrix, ran = measure(found, args.kind, pcts, args.repeats)
+    study = summarize(matrix, args.kind, pcts)
+    study["variant_ran"] = ran  # the share-robust artifact: which share's schedules ran at each share
     print(write(args.work, study, args.kind, pcts))
     return 0
 
