@@ -24,6 +24,9 @@
 #           (`--search-per-share`: one command, the shares in turn, each with TIME_S). A share whose records
 #           an earlier lease made (RESUME_DIR/records-alone-<model>.tgz holding records-gpu<P>) is not
 #           searched again: its artifact is compiled from those records (`tunekit compile`)
+#   variants per model: an earlier lease's study (RESUME_DIR/records-<model>.tgz) without tuning: each share's
+#           artifact (`tunekit compile --share`) and the share-robust one (`tunekit compile --variants`), then
+#           `share_study.py matrix` at 20/40/60/100 (the artifact with a variant per share beside the shares' own)
 #   compare per model: `share_study.py compare`: the study's artifact at each share against the search alone
 #           (issue 15's "within 3% of a separate search"), rounds alternating, one process. Without a `study`
 #           step, the study's records come from RESUME_DIR/records-<model>.tgz and its artifacts are compiled
@@ -108,6 +111,18 @@ case "$1" in
                   "--out $W/alone-$m-tune --json > $R/$m/alone-tune.json 2> $R/$m/alone-tune.log;" \
                   "echo \"alone $m ${todo#,} tune rc=\$?\"; for f in $W/alone-$m-tune/report*.json; do" \
                   "cp \$f $R/$m/alone-\$(basename \$f); done"
+           done ;;
+        variants) for m in ${MODELS//,/ }; do
+             echo "mkdir -p $W/$m $R/$m && tar xzf ${RESUME_DIR:?RESUME_DIR}/records-$m.tgz -C $W/$m"
+             for p in 20 40 100; do
+               echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
+                    "> $R/$m/compile-gpu$p.log 2>&1; echo \"$m gpu$p compiled rc=\$?\") &"
+             done
+             echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --variants --out $W/$m/$m-robust.so" \
+                  "> $R/$m/compile-variants.log 2>&1; echo \"$m variants compiled rc=\$?\") &"
+             echo "wait"
+             echo "python3 benchmarks/share_study.py matrix --work $W/$m --kind gpu --pcts 20,40,60,100 > $R/$m/matrix.log 2>&1"
+             echo "echo \"$m matrix rc=\$?\"; cp $W/$m/study_matrix.* $R/$m/ 2>/dev/null"
            done ;;
         compare) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do
              # a study of an earlier lease (RESUME_DIR/records-<model>.tgz): its per-share artifacts compiled again

@@ -71,6 +71,16 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     for label in expected:  # every variant runs the model (tolerance: the schedules differ)
         np.testing.assert_allclose(tunekit.load(robust["artifact"], variant=label)(**sample), static_out,
                                    rtol=1e-4, atol=1e-5)
+    # The same artifact from the records alone (`tunekit compile --variants`), without tuning again
+    rebuilt = tmp_path / "rebuilt.so"
+    proc = run_cli("compile", example_model, "--records", out, "--variants", "--out", rebuilt)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(json.load(open(tmp_path / "rebuilt.json"))["variants"]) == {"cpu50", "cpu100"}
+    for label in ("cpu50", "cpu100"):
+        np.testing.assert_allclose(tunekit.load(str(rebuilt), variant=label)(**sample),
+                                   tunekit.load(robust["artifact"], variant=label)(**sample), rtol=1e-6, atol=1e-7)
+    one = run_cli("compile", example_model, "--records", out, "--variants", "--share", "cpu50", "--out", rebuilt)
+    assert one.returncode == 2 and "at least two shares" in one.stderr.strip().splitlines()[-1]
     assert robust["tasks"] and all(t["worst_regret"] >= 1.0 for t in robust["tasks"])
     # The choice is made for the model: its kernels weighted by how often the model runs each task ...
     weights = {t["workload_hash"]: t["weight"] for t in per_share["cpu50"]["tasks"] if t.get("workload_hash")}

@@ -1,10 +1,13 @@
 """The share-robust artifact's variants (issue 15): one module with a variant per share, compiled once,
 loaded by tunekit.load, which runs the variant that is fastest where it is loaded."""
+import json
+
 import numpy as np
 import pytest
 
 import tunekit
 from tunekit.errors import TunekitError
+from tunekit.testing import run_cli
 
 B = "robust-per-task"
 
@@ -79,10 +82,16 @@ def test_load_times_the_variants_and_runs_the_fastest_unless_told(two_variants):
         tunekit.load(two_variants["path"], variant="gpu40")
 
 
-def test_bench_reports_the_variant_it_ran(two_variants):
+def test_bench_reports_the_variant_it_ran_and_runs_the_one_asked(two_variants):
     result = tunekit.bench(two_variants["path"], cpu_pct=50, repeats=3, warmup=1)
     assert result.variant in {"a", B} and set(result.variant_median_ms) == {"a", B}
     assert result.variant == min(result.variant_median_ms, key=result.variant_median_ms.get)
+    asked = run_cli("bench", two_variants["path"], "--cpu-pct", "50", "--repeats", "3", "--variant", B, "--json")
+    assert asked.returncode == 0, asked.stderr[-2000:]
+    assert json.loads(asked.stdout)["variant"] == B
+    wrong = run_cli("bench", two_variants["path"], "--cpu-pct", "50", "--variant", "gpu40")
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert "no variant 'gpu40'" in wrong.stderr.strip().splitlines()[-1]
 
 
 def test_gpu_variants_compile_into_one_artifact_with_a_cuda_graph_each(tmp_path):

@@ -20,10 +20,10 @@ from .results import EvalResult, ProfileResult, SharesResult, SloResult, TuneRes
 from .shares.share import Share
 
 __all__ = ["TuneConfig", "CoordinatorConfig", "TunekitError", "RunFailed", "Share", "tune", "tune_shares",
-           "tune_for_slo", "compile_model", "evaluate", "profile", "load", "bench", "TuneResult", "SharesResult",
+           "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile", "load", "bench", "TuneResult", "SharesResult",
            "SloResult", "EvalResult", "ProfileResult", "TunedModel", "BenchResult"]
 
-_API = ("tune", "tune_shares", "tune_for_slo", "compile_model", "evaluate", "profile")
+_API = ("tune", "tune_shares", "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile")
 
 
 def __getattr__(name):

@@ -166,6 +166,54 @@ def compile_model(model: str, *, records: str, share: str | None = None, out: st
     return out
 
 
+def compile_variants(model: str, *, records: str, shares: list[str] | None = None, default: str | None = None,
+                     out: str, input_shapes: dict | None = None) -> str:
+    """One artifact with a variant per share (`main__<share>`, compiled with that share's records; `main`
+    the `default` share's, else the first's), which tunekit.load times where it runs and runs the fastest
+    of: the share-robust artifact of `tune --robust`, from records already measured (a tune out dir
+    with several shares' databases). `shares`: which of them (default: all)."""
+    from .clients.compiler import compile_variants_and_export, useful_records
+    from .deploy.metadata import metadata_for, write_metadata
+    from .deploy.variants import entry_name
+    from .frontend.precision import prepare
+    from .records.baselines import read_baselines
+    from .records.database import find_share_databases, open_database
+    from .records.identity import read_identity
+    from .run.session import load_model
+    from .targets import target_for
+
+    databases = find_share_databases(records)
+    shares = shares or sorted(databases, key=lambda label: Share.from_label(label).pct)
+    missing = [s for s in shares if s not in databases]
+    if missing:
+        raise TunekitError(f"no records for share(s) {', '.join(missing)} in {records} (found {sorted(databases)})")
+    if len(shares) < 2:
+        raise TunekitError(f"variants need the records of at least two shares; {records} has {sorted(databases)}")
+    kinds = {Share.from_label(s).kind for s in shares}
+    if len(kinds) > 1:
+        raise TunekitError(f"variants are for one device: {', '.join(shares)} mixes CPU and GPU shares")
+    default = default or shares[0]
+    if default not in shares:
+        raise TunekitError(f"--default {default} is not one of the variants ({', '.join(shares)})")
+    loaded = load_model(model, input_shapes)
+    sources, prepared_of = {}, {}
+    for share in shares:
+        target = target_for(Share.from_label(share))
+        # the records are for the workloads of the precision they were tuned in
+        precision = read_identity(databases[share]).get("precision", "fp32")
+        prepared, _ = prepare(loaded.mod, target, precision=precision)
+        prepared_of[share] = (prepared, precision, target)
+        records_db = open_database(databases[share], create=False)
+        sources[share] = (prepared, useful_records(records_db, read_baselines(databases[share]))[0])
+    prepared, precision, target = prepared_of[default]
+    compile_variants_and_export(variants=sources, default=default, target=target, path=out)
+    meta = metadata_for(loaded=loaded, target=target, share_label=None, precision=precision, tuned_trials=0,
+                        db_dir=None, prepared_mod=prepared)
+    meta.extra.update({"variants": {share: entry_name(share) for share in shares}, "default_variant": default})
+    write_metadata(out, meta)
+    return out
+
+
 def evaluate(model: str, *, records: str, gpu_pct: str | None = None, cpu_pct: str | None = None,
              input_shapes: dict | None = None, repeats: int = 20, allow_unenforced_share: bool = False,
              work_dir: str | None = None) -> EvalResult:

@@ -7,7 +7,11 @@ from .common import EXIT_OK, add_share, emit, input_shapes
 def add_compile(p) -> None:
     p.add_argument("model")
     p.add_argument("--records", required=True, help="a tune out dir or a records-<share> dir")
-    p.add_argument("--share", help="which share's records, e.g. cpu50 or gpu40")
+    p.add_argument("--share", help="which share's records, e.g. cpu50 or gpu40 (with --variants: a list, "
+                                   "e.g. gpu20,gpu100; default all)")
+    p.add_argument("--variants", action="store_true",
+                   help="one artifact with a variant per share, the fastest run where it is loaded "
+                        "(what tune --robust writes); its `main` is the first share's")
     p.add_argument("--input-shape", action="append", metavar="NAME:1x3x224x224")
     p.add_argument("--out", required=True, help="path of the compiled library (.so)")
 
@@ -15,6 +19,12 @@ def add_compile(p) -> None:
 def compile_command(args) -> int:
     from .. import api
 
+    if args.variants:
+        shares = [s.strip() for s in args.share.split(",")] if args.share else None
+        path = api.compile_variants(args.model, records=args.records, shares=shares, out=args.out,
+                                    input_shapes=input_shapes(args))
+        emit(args, {"artifact": path}, f"compiled: {path} (a variant per share)")
+        return EXIT_OK
     path = api.compile_model(args.model, records=args.records, share=args.share, out=args.out,
                              input_shapes=input_shapes(args))
     emit(args, {"artifact": path}, f"compiled: {path}")

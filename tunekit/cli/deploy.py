@@ -46,6 +46,9 @@ def add_bench(p) -> None:
                    help="also run onnxruntime on CPU on the same inputs: max abs / rel error and cosine per output")
     p.add_argument("--allow-unenforced-share", action="store_true",
                    help="GPU without MPS: measure on the whole GPU, labelled UNENFORCED")
+    p.add_argument("--variant", default="auto",
+                   help="a share-robust artifact (tune --robust): the share whose schedules to run, 'main' for "
+                        "its static choice, or 'auto' (default: time them all here and run the fastest)")
 
 
 def bench_command(args) -> int:
@@ -53,14 +56,14 @@ def bench_command(args) -> int:
 
     result = bench(args.artifact, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, repeats=args.repeats,
                    warmup=args.warmup, compare_onnx=args.compare_onnx,
-                   allow_unenforced_share=args.allow_unenforced_share)
+                   allow_unenforced_share=args.allow_unenforced_share, variant=args.variant)
     where = f"{result.sm_count} SMs" if result.sm_count else f"{result.cores} cores"
     lines = [f"{result.share} ({where}{'' if result.share_enforced else ', UNENFORCED'}): "
              f"p50 {result.p50_ms:.4f} ms, p90 {result.p90_ms:.4f} ms, p99 {result.p99_ms:.4f} ms, "
              f"{result.throughput_per_s:.1f} inferences/s ({result.repeats} runs after {result.warmup} warm-up)"]
     if result.variant:  # a share-robust artifact: which share's schedules ran here, and why
         timed = ", ".join(f"{label} {ms:.4f} ms" for label, ms in (result.variant_median_ms or {}).items())
-        lines.append(f"  ran the variant tuned at {result.variant}" + (f" (timed at load: {timed})" if timed else ""))
+        lines.append(f"  ran its variant {result.variant}" + (f" (timed at load: {timed})" if timed else ""))
     for row in (result.numerics or {}).get("outputs", []):
         lines.append(f"  vs onnxruntime: {row['name']}: max abs {row['max_abs_err']:.3g}, "
                      f"max rel {row['max_rel_err']:.3g}, cosine {row['cosine']:.6f}")

@@ -89,7 +89,7 @@ def bench_share(meta: ArtifactMetadata, *, gpu_pct, cpu_pct) -> Share:
 
 def bench(artifact: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, repeats: int = 100,
           warmup: int = 10, compare_onnx: str | None = None, allow_unenforced_share: bool = False,
-          timeout_s: float = 600) -> BenchResult:
+          timeout_s: float = 600, variant: str | None = "auto") -> BenchResult:
     from ..run.session import ShareSession
 
     if not os.path.isfile(artifact):
@@ -112,7 +112,7 @@ def bench(artifact: str, *, gpu_pct: int | None = None, cpu_pct: int | None = No
     with tempfile.TemporaryDirectory(prefix="tunekit-bench-") as tmp, \
             ShareSession(share, allow_unenforced=allow_unenforced_share) as session:
         seen, outputs = _run_worker(artifact, inputs=inputs, tmp=tmp, repeats=repeats, warmup=warmup,
-                                    session=session, timeout_s=timeout_s)
+                                    session=session, timeout_s=timeout_s, variant=variant)
         enforced = session.enforced
     result = BenchResult(
         artifact=artifact, share=share.label, share_enforced=enforced, device=seen["device"], repeats=repeats,
@@ -126,9 +126,9 @@ def bench(artifact: str, *, gpu_pct: int | None = None, cpu_pct: int | None = No
 
 
 def _run_worker(artifact: str, *, inputs: dict, tmp: str, repeats: int, warmup: int, session,
-                timeout_s: float) -> tuple[dict, dict]:
+                timeout_s: float, variant: str | None) -> tuple[dict, dict]:
     request = {"artifact": os.path.abspath(artifact), "inputs": write_npz(os.path.join(tmp, "in.npz"), inputs),
-               "outputs": os.path.join(tmp, "out.npz"), "repeats": repeats, "warmup": warmup}
+               "outputs": os.path.join(tmp, "out.npz"), "repeats": repeats, "warmup": warmup, "variant": variant}
     request_path = os.path.join(tmp, "request.json")
     with open(request_path, "w") as fh:
         json.dump(request, fh)

@@ -41,7 +41,7 @@ def time_calls(model, tensors: list, *, repeats: int, warmup: int) -> list[float
 
 
 def run(request: dict) -> dict:
-    model = load(request["artifact"])
+    model = load(request["artifact"], variant=request.get("variant", "auto"))
     arrays = read_npz(request["inputs"])
     values = model.bind((), arrays)  # the same checks a caller gets, in main's order
     tensors = [to_tvm(value, device=model.device) for value in values]
