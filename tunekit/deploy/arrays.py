@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compat import DeviceSpec
-from .metadata import TensorSpec
+from .metadata import ArtifactMetadata, TensorSpec
 
 NUMPY, TORCH = "numpy", "torch"
 # tvm.runtime.from_dlpack refuses memory aligned to less: TVM's generated code assumes it.
@@ -75,3 +75,12 @@ def from_tvm(tensor, *, kind: str):
 
         return torch.from_dlpack(tensor)
     return tensor.numpy()
+
+
+def random_inputs(meta: ArtifactMetadata, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the artifact's shapes and dtypes; integer inputs (token ids, masks) small and valid,
+    as the tuner's own measurements use them."""
+    from ..frontend.onnx_loader import ModelInputs
+
+    specs = ModelInputs({s.name: list(s.shape) for s in meta.inputs}, {s.name: s.dtype for s in meta.inputs})
+    return specs.random(seed=seed)

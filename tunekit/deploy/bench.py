@@ -20,10 +20,10 @@ import numpy as np
 
 from ..errors import RunFailed, TunekitError
 from ..shares.share import Share, share_kind
+from .arrays import random_inputs
 from .compat import DeviceSpec, check_build
 from .metadata import ArtifactMetadata, read_metadata
 from .npzfiles import read_npz, write_npz
-from .runner import random_inputs
 
 _SHARE_KIND_FOR_DEVICE = {"cpu": "cpu", "cuda": "gpu"}
 

@@ -154,8 +154,7 @@ def load(artifact: str, *, device=None, variant: str | None = AUTO) -> TunedMode
     variants = variants_of(meta.extra)
     args = []
     if variants and variant == AUTO:
-        from .arrays import to_tvm
-        from .runner import random_inputs
+        from .arrays import random_inputs, to_tvm
 
         args = [to_tvm(array, device=where) for array in random_inputs(meta).values()]
     choice = choose_variant(vm, where.tvm_device(), args, variants, variant=variant)

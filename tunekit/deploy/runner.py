@@ -8,18 +8,10 @@ import time
 import numpy as np
 
 from ..errors import TunekitError
+from .arrays import random_inputs
 from .metadata import ArtifactMetadata
 from .model import load
 from .npzfiles import write_npz
-
-
-def random_inputs(meta: ArtifactMetadata, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the artifact's shapes and dtypes; integer inputs (token ids, masks) small and valid,
-    as the tuner's own measurements use them."""
-    from ..frontend.onnx_loader import ModelInputs
-
-    specs = ModelInputs({s.name: list(s.shape) for s in meta.inputs}, {s.name: s.dtype for s in meta.inputs})
-    return specs.random(seed=seed)
 
 
 def read_input_files(meta: ArtifactMetadata, paths: dict[str, str]) -> dict[str, np.ndarray]:
