@@ -24,7 +24,7 @@
 #           (`--search-per-share`: one command, the shares in turn, each with TIME_S). A share whose records
 #           an earlier lease made (RESUME_DIR/records-alone-<model>.tgz holding records-gpu<P>) is not
 #           searched again: its artifact is compiled from those records (`tunekit compile`)
-#   variants per model: an earlier lease's study (RESUME_DIR/records-<model>.tgz) without tuning: each share's
+#   variants per model (VARIANTS_MODELS, default MODELS): an earlier lease's study (RESUME_DIR/records-<model>.tgz) without tuning: each share's
 #           artifact (`tunekit compile --share`) and the share-robust one (`tunekit compile --variants`), then
 #           `share_study.py matrix` at 20/40/60/100 (the artifact with a variant per share beside the shares' own)
 #   compare per model: `share_study.py compare`: the study's artifact at each share against the search alone
@@ -46,9 +46,9 @@ copy() {
 trap copy EXIT
 case "$1" in
   start)
-    MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}
+    MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}; VARIANTS_MODELS=${VARIANTS_MODELS:-}
     TORCH_MODELS=${TORCH_MODELS:-$MODELS}
-    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* ]] && echo resnet18); do
+    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
@@ -112,7 +112,7 @@ case "$1" in
                   "echo \"alone $m ${todo#,} tune rc=\$?\"; for f in $W/alone-$m-tune/report*.json; do" \
                   "cp \$f $R/$m/alone-\$(basename \$f); done"
            done ;;
-        variants) for m in ${MODELS//,/ }; do
+        variants) for m in ${VARIANTS_MODELS:-${MODELS//,/ }}; do
              echo "mkdir -p $W/$m $R/$m && tar xzf ${RESUME_DIR:?RESUME_DIR}/records-$m.tgz -C $W/$m"
              for p in 20 40 100; do
                echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
