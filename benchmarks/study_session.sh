@@ -7,7 +7,7 @@
 #                                                            # (returns early once PATTERN is in the chain's log)
 # PyTorch is timed for TORCH_MODELS (default MODELS); alone and compare run for ALONE_MODELS (default MODELS).
 # The chain runs STEPS in order (default: study):
-#   pytest  pytest -m gpu
+#   pytest  pytest -m gpu (PYTEST_ARGS: which tests, default tests/; PYTEST_S: its time limit, default 600)
 #   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
@@ -57,7 +57,7 @@ case "$1" in
     {
       echo "set -u"
       for step in ${STEPS//,/ }; do case $step in
-        pytest) echo "timeout 600 python3 -m pytest -q -m gpu tests > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
+        pytest) echo "timeout ${PYTEST_S:-600} python3 -m pytest -q -rfE --tb=short -m gpu ${PYTEST_ARGS:-tests} > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
         attn) for m in ${MODELS//,/ }; do
              echo "python3 benchmarks/attention_fusion.py --model /tmp/vs/$m.onnx --gpu-pct ${ATTN_PCTS:-40,100}" \
                   "--repeats 200 --json $R/attention_fusion-$m.json > $R/attention_fusion-$m.md 2> $R/attention_fusion-$m.log"
