@@ -5,13 +5,16 @@
 #   DRY=1 ... start                                         # print the chain only
 #   bash benchmarks/study_session.sh wait 540 [PATTERN]      # progress; everything so far comes back in $OUT
 #                                                            # (returns early once PATTERN is in the chain's log)
-# PyTorch is timed for TORCH_MODELS (default MODELS); alone and compare run for ALONE_MODELS (default MODELS).
+# PyTorch is timed for TORCH_MODELS (default MODELS; none: not timed); alone and compare run for ALONE_MODELS
+# (default MODELS).
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu (PYTEST_ARGS: which tests, default tests/; PYTEST_S: its time limit, default 600)
 #   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease)
+#   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
+#           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
 #           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs).
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
@@ -47,12 +50,12 @@ trap copy EXIT
 case "$1" in
   start)
     MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}; VARIANTS_MODELS=${VARIANTS_MODELS:-}
-    TORCH_MODELS=${TORCH_MODELS:-$MODELS}
-    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* ]] && echo resnet18); do
+    TORCH_MODELS=${TORCH_MODELS:-$MODELS}; [ "$TORCH_MODELS" = none ] && TORCH_MODELS=""
+    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* || ,$STEPS, == *,tt,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
-    [ -n "${DRY:-}" ] || python3 benchmarks/vs_pytorch.py pytorch --models "$TORCH_MODELS" --pcts ${TORCH_PCTS:-40} \
+    [ -n "${DRY:-}" ] || [ -z "$TORCH_MODELS" ] || python3 benchmarks/vs_pytorch.py pytorch --models "$TORCH_MODELS" --pcts ${TORCH_PCTS:-40} \
       --variants graphs-fp32,graphs-fp16 --work /tmp/vs --results "$R" --call-s 240 2>&1 | grep -v "^\$" | tail -3
     {
       echo "set -u"
@@ -71,6 +74,9 @@ case "$1" in
              echo "python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${R18_TRIALS:-256}" \
                   "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"
              echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
+        tt) echo "python3 benchmarks/tuning_time.py --model /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${TT_TRIALS:-32}" \
+                 "--trials-per-iter 16 --engines ${TT_ENGINES:-tunekit,before} ${TT_BEFORE:+--before-src $TT_BEFORE}" \
+                 "--results $R/tuning_time.md > $R/tuning_time.log 2>&1; echo \"tt rc=\$?\"" ;;
         tune40) for m in ${MODELS//,/ }; do  # each model tuned at 40% alone (issue 13's tuned column)
              echo "mkdir -p $R/$m-gpu40 $W/$m-gpu40"
              resume=""; earlier=${RESUME_DIR:-}/records-$m-gpu40.tgz
@@ -155,6 +161,7 @@ case "$1" in
     cat "$R/chain.log"; tail -3 "$R/pytest_gpu.txt" 2>/dev/null
     for d in "$W"/*/records-*; do
       [ -f "$d/database_tuning_record.json" ] && echo "$d: $(wc -l < "$d/database_tuning_record.json") records"
-    done; cat "$R"/*/study_matrix.md "$R"/*/study_vs_alone.md "$R"/search_scaling.md "$R"/attention_fusion-*.md 2>/dev/null; true
+    done; cat "$R"/*/study_matrix.md "$R"/*/study_vs_alone.md "$R"/search_scaling.md "$R"/attention_fusion-*.md \
+      "$R"/tuning_time.md 2>/dev/null; true
     ;;
 esac

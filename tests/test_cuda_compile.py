@@ -127,3 +127,29 @@ def test_installed_callback_compiles_lean_and_falls_back_to_tvm():
     after = cuda_compile.stats()
     assert (middle["lean"] - before["lean"], middle["fallback"] - before["fallback"]) == (1, 0)
     assert (after["lean"] - middle["lean"], after["fallback"] - middle["fallback"]) == (0, 1)
+
+
+def test_installed_callback_reuses_the_cubin_of_the_same_source(monkeypatch):
+    """The tuned GPU model is compiled twice (with and without CUDA graphs: the device code is the
+    same): the second compile takes the first's cubin, unless TVM's NVRTC knobs changed between them."""
+    import tvm
+    import tvm_ffi
+
+    from tunekit.clients import cuda_compile
+
+    cuda_compile.install()
+    compile_cuda = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
+    code = f'extern "C" __global__ void k(float* a) {{ a[0] = {os.getpid()}.5f; }}\n'  # new to this process
+    with tvm.target.Target("nvidia/nvidia-h100"):
+        before = cuda_compile.stats()
+        first = bytes(compile_cuda(code))
+        middle = cuda_compile.stats()
+        again = bytes(compile_cuda(code))
+        after = cuda_compile.stats()
+        monkeypatch.setenv("TVM_CUDA_NVRTC_EXTRA_OPTS", "-lineinfo")
+        compile_cuda(code)
+        knobs = cuda_compile.stats()
+    assert (middle["lean"] - before["lean"], middle["reused"] - before["reused"]) == (1, 0)
+    assert (after["lean"] - middle["lean"], after["reused"] - middle["reused"]) == (0, 1)
+    assert again == first
+    assert (knobs["lean"] - after["lean"], knobs["reused"] - after["reused"]) == (1, 0)

@@ -408,3 +408,54 @@ def test_latency_worker_times_a_slow_model_fewer_times(tiny, tmp_path):
     assert repeats() == 20
     assert repeats("60") == 20
     assert repeats("1e-9") == MIN_REPEATS
+
+
+def test_latency_process_times_every_artifact_at_a_share_in_one_process(tiny, tmp_path):
+    """servers.latency.LatencyProcess (a tuning run keeps one per share): several timings, one worker;
+    an artifact that fails to load is a one-line error from the same worker; a worker that died or
+    hung is replaced at the next timing."""
+    import signal
+
+    from tunekit.errors import TunekitError
+    from tunekit.servers.latency import LatencyProcess
+    from tunekit.shares.pinning import pinned_env
+    from tunekit.shares.share import Share
+
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(b"not a shared library")
+    expected = onnxruntime_y(tiny.onnx, tiny.x)
+    with LatencyProcess(pinned_env(Share("cpu", 50))) as worker:
+        first = worker.pid
+        for _ in range(2):
+            info, outputs = worker.measure(artifact=tiny.artifact, inputs={"x": tiny.x}, repeats=3)
+            assert info["repeats"] == 3 and info["median_ms"] > 0
+            np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4)
+        with pytest.raises(TunekitError, match=r"^latency measurement at cpu50 failed: .*broken\.so") as caught:
+            worker.measure(artifact=str(broken), inputs={"x": tiny.x}, repeats=3)
+        assert "\n" not in str(caught.value)
+        assert (worker.pid, worker.started) == (first, 1)  # the load error came back; the worker lives on
+        os.kill(first, signal.SIGKILL)  # as the OOM killer would, between two timings
+        _wait_until_dead(first)
+        info, _ = worker.measure(artifact=tiny.artifact, inputs={"x": tiny.x}, repeats=3)
+        assert worker.started == 2 and worker.pid != first and info["median_ms"] > 0
+        with pytest.raises(TunekitError, match="timed out"):
+            worker.measure(artifact=tiny.artifact, inputs={"x": tiny.x}, repeats=3, timeout_s=0.0)
+        assert worker.pid is None  # killed, not left running
+        worker.measure(artifact=tiny.artifact, inputs={"x": tiny.x}, repeats=3)
+        assert worker.started == 3
+
+
+def _wait_until_dead(pid: int, timeout_s: float = 30) -> None:
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still running")

@@ -32,6 +32,35 @@ def test_tune_writes_records_artifact_and_consistent_report(tuned):
     assert lat["tuned"]["median_ms"] < lat["untuned"]["median_ms"], lat
 
 
+def test_fleets_and_build_workers_start_beside_the_untuned_model(tuned):
+    """LocalExecutor.warm_up: the servers and the build workers were started while the untuned model
+    was compiled and timed, and tuning took them over."""
+    warm = tuned[1]["report"]["phases"]["warm_up"]
+    assert warm["before_tuning"] is True and warm["took_s"] > 0 and warm["tuning_waited_s"] >= 0
+
+
+def test_a_refused_untuned_model_leaves_no_warm_up_behind(example_model, tmp_path):
+    """The numerics gate refuses the untuned model while the warm-up's servers and build workers run:
+    they are stopped with the run, not left behind."""
+    import psutil
+
+    import tunekit
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    with pytest.raises(tunekit.RunFailed, match="refused"):
+        tunekit.tune(example_model, cpu_pct=50, out=str(tmp_path / "o"),
+                     config=tunekit.TuneConfig(trials=2, max_output_error=1e-12))
+    left = []
+    for proc in me.children(recursive=True):
+        try:
+            if proc.pid not in before and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(proc.cmdline())[:120])
+        except psutil.NoSuchProcess:
+            pass
+    assert not left
+
+
 def test_server_log_is_kept_in_the_out_dir(tuned):
     """A one-process run writes its runner servers' log under <out>/work/logs/, not to a temp file."""
     out, result = tuned

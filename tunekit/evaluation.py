@@ -28,7 +28,6 @@ def evaluate_matrix(model: str, *, records: str, gpu_pct=None, cpu_pct=None, inp
     and measure every such artifact at every requested share."""
     from .records.database import find_share_databases
     from .records.identity import read_identity
-    from .servers.latency import measure_latency
     from .shares.mps import require_gpu
 
     kind = share_kind(gpu_pct, cpu_pct)
@@ -49,8 +48,7 @@ def evaluate_matrix(model: str, *, records: str, gpu_pct=None, cpu_pct=None, inp
         for run_share in run_shares:
             with ShareSession(run_share, allow_unenforced=allow_unenforced_share) as share_session:
                 for label, artifact in artifacts.items():
-                    info, outputs = measure_latency(artifact=artifact, inputs=sample, pinned=share_session.pinned,
-                                                    repeats=repeats)
+                    info, outputs = share_session.measure_latency(artifact=artifact, inputs=sample, repeats=repeats)
                     precision = read_identity(databases[label]).get("precision", "fp32")
                     rows.append({"tuned_at": label, "run_at": run_share.label, **info,
                                  **_numerics_row(loaded, outputs, reference, precision)})

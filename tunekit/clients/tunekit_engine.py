@@ -125,15 +125,24 @@ class TunekitEngine:
     name = "tunekit"
     measures_every_share = True  # tune_shares: one search, each candidate measured at every share
 
+    def start(self, *, target, measurements: dict[str, Measurement], work_dir, config) -> SearchEngine:
+        """The engine's parts for `measurements` (the first share's builds the candidates), made before
+        tuning starts: the executor warms them up while the pipeline times the untuned model, and
+        shuts them down after tuning (tune / tune_shares with `engine=`)."""
+        first, *others = measurements
+        return make_engine(target=target, measurement=measurements[first], config=config, work_dir=work_dir,
+                           other_shares={label: measurements[label] for label in others})
+
     def tune(self, *, tasks, target, database, work_dir, measurement, config, progress,
-             records_dir: str | None = None) -> TuningOutcome:
-        """`records_dir`: the share's database dir, where the cost model is kept (clients.cost_model_store)."""
+             records_dir: str | None = None, engine: SearchEngine | None = None) -> TuningOutcome:
+        """`records_dir`: the share's database dir, where the cost model is kept (clients.cost_model_store).
+        `engine`: parts made by `start` (the caller shuts them down), else made and shut down here."""
         share = ShareToMeasure(measurement.label, database, measurement, records_dir)
         return self.tune_shares(tasks=tasks, target=target, shares=[share], work_dir=work_dir, config=config,
-                                progress=progress)[share.label]
+                                progress=progress, engine=engine)[share.label]
 
     def tune_shares(self, *, tasks, target, shares: list[ShareToMeasure], work_dir, config,
-                    progress) -> dict[str, TuningOutcome]:
+                    progress, engine: SearchEngine | None = None) -> dict[str, TuningOutcome]:
         """One search for every share in `shares`: each candidate built once, measured at every share,
         recorded in each share's database with the time measured there. The first share's target
         builds the candidates and its view of the tasks decides which task goes next."""
@@ -142,8 +151,10 @@ class TunekitEngine:
         from .search_loop import SearchRequest
 
         first, others = shares[0], shares[1:]
-        engine = make_engine(target=target, measurement=first.measurement, config=config, work_dir=work_dir,
-                             other_shares={s.label: s.measurement for s in others})
+        owned = engine is None
+        if owned:
+            engine = self.start(target=target, measurements={s.label: s.measurement for s in shares},
+                                work_dir=work_dir, config=config)
         try:
             # After make_engine: a CUDA record names tensor intrinsics (wmma_*), which it registers.
             sources = warm_start.open_sources(config.warm_start)
@@ -158,7 +169,8 @@ class TunekitEngine:
             for s in shares:
                 loaded[s.label]["saved_to"] = cost_model_store.save(models[s.label], s.records_dir)
         finally:
-            engine.shutdown()
+            if owned:
+                engine.shutdown()
         faults = engine.runner.fault_counts()
         return {s.label: self._outcome(loops[s.label], engine, config, faults=faults,
                                        extra={"cost_model": loaded[s.label],

@@ -26,7 +26,7 @@ from ..clients.measurement import TuningOutcome
 from ..config import CoordinatorConfig, TuneConfig
 from ..errors import RunFailed, TunekitError
 from ..frontend.tasks import task_flops
-from ..run.executor import ShareJob
+from ..run.executor import ShareJob, no_warm_up
 from ..run.session import ShareSession
 from . import plan as planning
 from ..counts import sum_counts
@@ -166,6 +166,10 @@ class RayExecutor:
             yield {job.label: stack.enter_context(ShareSession.for_tuning(job.share, self.config,
                                                                           oversubscribe=self.coord.oversubscribe))
                    for job in group}
+
+    def warm_up(self, group: list[ShareJob], sessions: dict):
+        """The clients and fleets start in `tune` (Ray actors on other nodes, each with its own start)."""
+        return no_warm_up(group, sessions)
 
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         import ray

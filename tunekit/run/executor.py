@@ -9,6 +9,7 @@ The pipeline never knows which (as Kernel Tuner's strategies never know their ru
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -60,5 +61,22 @@ class Executor(Protocol):
     def group_sessions(self, group: list[ShareJob]) -> AbstractContextManager:
         """{share label: run.session.ShareSession} open while a group is measured and tuned."""
 
+    def warm_up(self, group: list[ShareJob], sessions: dict) -> AbstractContextManager:
+        """What tuning `group` needs, started while the pipeline compiles and times the untuned model.
+        Yields an object whose `settle(job)` the pipeline calls before it times a model at `job`'s
+        share (the warm-up must not disturb that timing); `tune` then takes over what was started."""
+
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         """Tune every job of `group` into its db_dir: {share label: clients.measurement.TuningOutcome}."""
+
+
+class NoWarmup:
+    """For an executor that starts everything in `tune`: nothing to wait for."""
+
+    def settle(self, job: ShareJob) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def no_warm_up(group: list[ShareJob], sessions: dict):
+    yield NoWarmup()

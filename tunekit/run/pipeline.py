@@ -86,26 +86,28 @@ class Pipeline:
                        existing_trials=count_trials(job.db_dir))
 
     def _measure(self, job: ShareJob, session: ShareSession, *, path: str, database, cuda_graph=None,
-                 what: str) -> Measured:
+                 what: str, settle=None) -> Measured:
         """Compile (with `database`'s records), time at the share, compare outputs to the reference,
-        and refuse in one line an artifact past its precision's bound."""
-        from ..servers.latency import measure_latency
-
+        and refuse in one line an artifact past its precision's bound. `settle(job)`: waits, after
+        the compile, until the share is quiet enough to time on (the executor's warm-up)."""
         self._compile(job, path=path, database=database, cuda_graph=cuda_graph)
-        latency, outputs = measure_latency(artifact=path, inputs=self.sample, pinned=session.pinned,
-                                           repeats=self.config.measure_repeats)
+        if settle is not None:
+            settle(job)
+        latency, outputs = session.measure_latency(artifact=path, inputs=self.sample,
+                                                   repeats=self.config.measure_repeats)
         rows = numerics.compare_outputs(self.output_names, outputs, self.reference)
         numerics.check(rows, precision=job.precision, what=what, bound=self._bound(job))
         return Measured(path, latency, rows)
 
-    def _measure_untuned(self, job: ShareJob, session: ShareSession, loaded: LoadedModel) -> Measured:
+    def _measure_untuned(self, job: ShareJob, session: ShareSession, loaded: LoadedModel, *,
+                         settle=None) -> Measured:
         """The untuned model at the share, before any tuning. With --precision auto, an fp16 build that
         the numerics gate refuses (values outside fp16's range: MobileNetV2 with random weights has
         logits of about 1e-9, which fp16 flushes to zero) is prepared again in fp32, and the share is
         tuned in fp32; the report says why (`precision_fallback`)."""
         try:
             return self._measure(job, session, path=self._untuned_path(job), database=None,
-                                 what=f"the untuned {job.precision} model")
+                                 what=f"the untuned {job.precision} model", settle=settle)
         except numerics.NumericsRefused as refusal:
             from ..records.database import count_trials
 
@@ -208,8 +210,13 @@ class Pipeline:
         with contextlib.ExitStack() as stack:
             with self._step("session_s"):
                 sessions = stack.enter_context(self.executor.group_sessions(group))
+                for session in sessions.values():
+                    session.latency_process()  # started now: its start overlaps the untuned compile
+            # the fleets and build workers start beside the untuned model's compile and timing
+            warm = stack.enter_context(self.executor.warm_up(group, sessions))
             with self._step("untuned_s"):
-                untuned = {job.label: self._measure_untuned(job, sessions[job.label], loaded) for job in group}
+                untuned = {job.label: self._measure_untuned(job, sessions[job.label], loaded, settle=warm.settle)
+                           for job in group}
             progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress)
             try:
                 with self._step("tune_s"):
@@ -234,7 +241,6 @@ class Pipeline:
         on the H100 no static choice came within 5% at both 20% and 100% for MobileNetV2 or ResNet-50."""
         from ..records.baselines import read_baselines
         from ..records.database import open_database
-        from ..servers.latency import measure_latency
         from .robust import PER_TASK, pick_robust_artifact, regret_matrix, robust_records
 
         first = group[0]
@@ -247,9 +253,8 @@ class Pipeline:
         self._describe(loaded, first, per_task, share_label=None, trials=0, db_dir=None)
         artifacts = {r.share: r.artifact for r in results}
         artifacts[PER_TASK] = per_task
-        latency = {name: {job.label: measure_latency(artifact=artifact, inputs=self.sample,
-                                                     pinned=sessions[job.label].pinned,
-                                                     repeats=self.config.measure_repeats)[0]["median_ms"]
+        latency = {name: {job.label: sessions[job.label].measure_latency(
+                              artifact=artifact, inputs=self.sample, repeats=self.config.measure_repeats)[0]["median_ms"]
                           for job in group}
                    for name, artifact in artifacts.items()}
         # The per-task choice minimizes a sum of kernels, each timed alone; the whole model need not follow
@@ -297,10 +302,8 @@ class Pipeline:
     def _measure_variants(self, job: ShareJob, session: ShareSession, path: str) -> dict:
         """The robust artifact at `job`'s share, running the variant it picks there; its outputs are
         checked as every artifact's are. {median_ms, variant}."""
-        from ..servers.latency import measure_latency
-
-        latency, outputs = measure_latency(artifact=path, inputs=self.sample, pinned=session.pinned,
-                                           repeats=self.config.measure_repeats)
+        latency, outputs = session.measure_latency(artifact=path, inputs=self.sample,
+                                                   repeats=self.config.measure_repeats)
         rows = numerics.compare_outputs(self.output_names, outputs, self.reference)
         numerics.check(rows, precision=job.precision, what=f"the share-robust model at {job.label}",
                        bound=self._bound(job))

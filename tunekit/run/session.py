@@ -114,6 +114,7 @@ class ShareSession:
         self.sm_count = None
         self.enforced = True
         self.pinned = None
+        self._latency = None
         self._stack = contextlib.ExitStack()
 
     @classmethod
@@ -171,8 +172,22 @@ class ShareSession:
         if self.enforced:
             self.sm_count = sm_count_at_share(self.share, self.pinned.env)
 
+    def latency_process(self):
+        """The process that times compiled models at this share (servers.latency.LatencyProcess),
+        started at the first call and kept until the session closes."""
+        from ..servers.latency import LatencyProcess
+
+        if self._latency is None:
+            self._latency = LatencyProcess(self.pinned)
+            self._stack.callback(self._latency.close)  # before the daemon it runs under is stopped
+        return self._latency
+
+    def measure_latency(self, *, artifact: str, inputs: dict, repeats: int) -> tuple[dict, list]:
+        """`artifact` timed at this share by the session's latency process: (info, outputs)."""
+        return self.latency_process().measure(artifact=artifact, inputs=inputs, repeats=repeats)
+
     def __exit__(self, *exc) -> None:
-        self._stack.close()  # the daemon (stopped if no other job uses it), then the booking
+        self._stack.close()  # the latency process, the daemon (stopped if no other job uses it), the booking
 
     def environment(self) -> dict:
         """What report.json records about where the measurements ran."""
