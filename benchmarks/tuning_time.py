@@ -63,16 +63,20 @@ def run_engine(engine: str, model: str, share_flag: list[str], args, workdir: st
     cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials),
            "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed), "--out", out, "--json",
            *ENGINES[engine], *args.extra]
-    env = dict(os.environ)
+    env, cwd = dict(os.environ), None
     if engine == "before":
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.abspath(args.before_src), env.get("PYTHONPATH")) if p)
+        # `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: the before tree
+        # must be both, or the checkout's own tunekit runs (and its servers and workers inherit both)
+        cwd = os.path.abspath(args.before_src)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH")) if p)
     print(f"[{engine}] {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
     started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     if proc.returncode != 0:
         sys.exit(f"{engine} failed:\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout)["report"]
     report["process_wall_s"] = round(time.time() - started, 1)
+    report["source"] = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # which tunekit ran
     return report
 
 
@@ -146,7 +150,7 @@ def main() -> None:
                                                                                                     "tunekit"))):
         parser.error("the `before` run needs --before-src DIR, a folder holding tunekit/")
     with tempfile.TemporaryDirectory(prefix="tunekit-bench-") as workdir:
-        model = model_path(args.model, workdir)
+        model = os.path.abspath(model_path(args.model, workdir))
         reports = {}
         for engine in args.engines.split(","):
             reports[engine] = run_engine(engine, model, share_flag, args, workdir)

@@ -135,7 +135,7 @@ def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path
     from tvm.target import Target
 
     from tunekit.clients.compiler import apply_records
-    from tunekit.clients.intrinsics import prepare_metaschedule_logging
+    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
     from tunekit.clients.search_loop import untuned_module
     from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
     from tunekit.run.session import load_model
@@ -144,6 +144,7 @@ def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path
     prepared = prepare_for_tuning(load_model(example_model).mod, target)
     tasks = [t for t in extract_tasks(prepared, target) if "conv2d" in t.task_name][:1]
     prepare_metaschedule_logging()  # pytest's log capture handlers, left by an earlier test, would break it
+    import_for_target("cuda")  # as make_engine does: an earlier in-process CPU tune registers only the CPU's
     (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(tmp_path), num_threads=1, seed=0)
     database = ms.database.MemoryDatabase()
     ctx.pre_tuning(max_trials=4, num_trials_per_iter=4, design_spaces=ctx.generate_design_space(),

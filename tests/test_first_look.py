@@ -7,7 +7,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 from tunekit.clients.first_look import sample_ranked
-from tunekit.clients.intrinsics import prepare_metaschedule_logging
+from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
 from tunekit.clients.search_loop import trace_key
 
 
@@ -44,6 +44,9 @@ def test_the_first_look_ranks_valid_samples_by_the_cost_model_and_leaves_the_sea
     prepared = prepare_for_tuning(load_model(example_model).mod, target)
     task = next(t for t in extract_tasks(prepared, target) if "conv2d" in t.task_name)
     prepare_metaschedule_logging()
+    # as the engine does (make_engine): without it the test depends on which target an earlier test
+    # of this process imported the intrinsics for (an in-process CPU tune registers only the CPU's)
+    import_for_target("cuda")
     strategy = ms.search_strategy.EvolutionarySearch(population_size=32, genetic_num_iters=1, init_min_unmeasured=8)
     (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts([task], str(tmp_path), strategy=strategy,
                                                                       num_threads=2, seed=0)

@@ -163,3 +163,29 @@ def test_failed_trials_say_whether_they_built_and_why():
         "build": "tvm.error.InternalError: Check failed: (eval_vec_) is false:",
         "run": "RPCRunner: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested"}
     assert error_line(None) == "(no error message)" and len(error_line("x" * 500)) == 200
+
+
+def test_a_negligible_task_is_tuned_once_the_rest_of_the_model_is():
+    """ResNet-18's 1x1 convs on a CPU core: 0.3% of the untuned model, 4% of it once its 3x3 convs were
+    tuned 7x faster without them. A negligible task is reconsidered against the model as tuned so far."""
+    tasks = _tasks([1000.0, 1000.0, 4.0])  # the last is 0.2% of the untuned model
+    mark_negligible(tasks, 0.005)
+    assert [t.negligible for t in tasks] == [False, False, True]
+    scheduler = TaskScheduler(tasks, trials_per_iter=8, min_task_share=0.005)
+    model_when_picked = []
+    for _ in range(8):
+        model_us = sum(t.effective_us for t in tasks)
+        task = scheduler.next_task(set())
+        if task.index == 2:
+            model_when_picked.append(model_us)
+        previous = task.effective_us
+        for _ in range(8):
+            task.record(previous * 0.5)
+        task.after_batch(previous, fresh=8, cached=0)
+    # it waited until the model was under 800 us (4 us is 0.5% of it), then was tuned
+    assert model_when_picked and model_when_picked[0] <= 800 and tasks[2].measured >= 8
+    assert not tasks[2].negligible
+    # ... and without reconsidering (the rule before), it is never tuned
+    before = _tasks([1000.0, 1000.0, 4.0])
+    mark_negligible(before, 0.005)
+    assert 2 not in _simulate(TaskScheduler(before, trials_per_iter=8), 8, lambda t: t.effective_us * 0.5)

@@ -172,12 +172,11 @@ def compile_variants(model: str, *, records: str, shares: list[str] | None = Non
     the `default` share's, else the first's), which tunekit.load times where it runs and runs the fastest
     of: the share-robust artifact of `tune --robust`, from records already measured (a tune out dir
     with several shares' databases). `shares`: which of them (default: all)."""
-    from .clients.compiler import compile_variants_and_export, useful_records
+    from .clients.compiler import compile_variants_and_export, records_worth_applying
     from .deploy.metadata import metadata_for, write_metadata
     from .deploy.variants import entry_name
     from .frontend.precision import prepare
-    from .records.baselines import read_baselines
-    from .records.database import find_share_databases, open_database
+    from .records.database import find_share_databases
     from .records.identity import read_identity
     from .run.session import load_model
     from .targets import target_for
@@ -203,8 +202,7 @@ def compile_variants(model: str, *, records: str, shares: list[str] | None = Non
         precision = read_identity(databases[share]).get("precision", "fp32")
         prepared, _ = prepare(loaded.mod, target, precision=precision)
         prepared_of[share] = (prepared, precision, target)
-        records_db = open_database(databases[share], create=False)
-        sources[share] = (prepared, useful_records(records_db, read_baselines(databases[share]))[0])
+        sources[share] = (prepared, records_worth_applying(databases[share], create=False)[0])
     prepared, precision, target = prepared_of[default]
     compile_variants_and_export(variants=sources, default=default, target=target, path=out)
     meta = metadata_for(loaded=loaded, target=target, share_label=None, precision=precision, tuned_trials=0,

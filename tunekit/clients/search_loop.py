@@ -222,9 +222,11 @@ class SearchLoop:
         # loop): one update at a time, in order; the search predicts with the model trained so far.
         self.updater = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-model") \
             if request.config.async_cost_model else None
+        negligible_rule = request.measure_untuned and request.config.task_scheduler == "gradient"
         self.scheduler = TaskScheduler(self.tasks, pool=request.pool, trials_per_iter=request.config.trials_per_iter,
                                        improving_only=request.improving_only, policy=request.config.task_scheduler,
-                                       pool_key=str(request.tag.get("client")) if "client" in request.tag else None)
+                                       pool_key=str(request.tag.get("client")) if "client" in request.tag else None,
+                                       min_task_share=request.config.min_task_share if negligible_rule else None)
 
     # ---------------------------------------------------------------- set-up
     def _make_tasks(self, lane: ShareLane, *, first: bool) -> list[TaskState]:
@@ -491,8 +493,8 @@ class SearchLoop:
         """Per-task baselines, negligible tasks, warm start. Returns the trials it spent."""
         if self.req.measure_untuned:
             self._measure_untuned()
-            if self.req.config.task_scheduler == "gradient":
-                mark_negligible(self.tasks, self.req.config.min_task_share)
+            if self.scheduler.min_task_share is not None:
+                mark_negligible(self.tasks, self.scheduler.min_task_share)
             for task in self.tasks:
                 if task.negligible:
                     self.scheduler.release_unused(task)  # per-task budgets: its trials go to the pool

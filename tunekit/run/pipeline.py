@@ -271,7 +271,7 @@ class Pipeline:
                  "alone: %s)", matrix["robust"]["worst_regret"], ", ".join(j.label for j in group),
                  ", ".join(f"{v} at {s}" for s, v in variant_at.items()), static, matrix[static]["worst_regret"],
                  first.label, matrix[first.label]["worst_regret"])
-        return {"artifact": path, "chosen": "variants", "static_choice": static, "variants": variants,
+        return {"artifact": path, "static_choice": static, "variants": variants,
                 "variant_at": variant_at, "per_task_artifact": per_task,
                 "shares": [job.label for job in group], "tasks": rows, "kernel_sum_estimate": estimate,
                 "matrix": matrix}
@@ -281,15 +281,12 @@ class Pipeline:
         """`<model>-robust.so`: every share's records as a variant (`main__<share>`), and `main` the
         static choice. Its metadata lists the variants (deploy.variants), which the latency workers
         and tunekit.load read to time them at load and run the fastest, so it is written first."""
-        from ..clients.compiler import compile_variants_and_export, useful_records
+        from ..clients.compiler import compile_variants_and_export, records_worth_applying
         from ..deploy.variants import entry_name
-        from ..records.baselines import read_baselines
-        from ..records.database import open_database
         from .robust import PER_TASK
 
         first = group[0]
-        sources = {job.label: (job.prepared, useful_records(open_database(job.db_dir), read_baselines(job.db_dir))[0])
-                   for job in group}
+        sources = {job.label: (job.prepared, records_worth_applying(job.db_dir)[0]) for job in group}
         if static == PER_TASK:
             sources[PER_TASK] = (first.prepared, per_task_records)
         with self._step("robust_compile_s"):
@@ -314,13 +311,12 @@ class Pipeline:
         return os.path.join(self.out, "untuned.so" if len(self.shares) == 1 else f"untuned-{job.label}.so")
 
     def _records_to_apply(self, job: ShareJob, outcome):
-        from ..clients.compiler import useful_records
-        from ..records.baselines import read_baselines, write_baselines
-        from ..records.database import open_database
+        from ..clients.compiler import records_worth_applying
+        from ..records.baselines import write_baselines
 
         write_baselines(job.db_dir, {t["workload_hash"]: t.get("untuned_us") for t in outcome.tasks
                                      if t.get("workload_hash")})
-        records, applied = useful_records(open_database(job.db_dir), read_baselines(job.db_dir))
+        records, applied = records_worth_applying(job.db_dir)
         for row in outcome.tasks:
             if row.get("workload_hash") in applied:
                 row["record_applied"] = applied[row["workload_hash"]]
