@@ -46,6 +46,39 @@ def identity_onnx(path: str) -> str:
     return path
 
 
+def scale_onnx(path: str, factor: float) -> str:
+    """y = factor * x, x of shape [4, 8]: models that differ only in a constant."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    constant = numpy_helper.from_array(np.full((4, 8), factor, "float32"), "k")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["y"])], "scale",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [constant])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def doubled_and_tripled(tmp_path_factory):
+    """Two artifacts with the same inputs and outputs: y = 2x and y = 3x, for CPU."""
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    root, target = tmp_path_factory.mktemp("scales"), target_for(Share("cpu", 50))
+    return [build_artifact(scale_onnx(str(root / f"x{k}.onnx"), k), str(root / f"x{k}.so"), target=target)
+            for k in (2, 3)]
+
+
+def replace_artifact(source: str, dest: str) -> None:
+    """As a build writes an artifact: a new file renamed over the old one, metadata beside it."""
+    from tunekit.deploy import metadata_path
+
+    for src, dst in ((source, dest), (metadata_path(source), metadata_path(dest))):
+        shutil.copy(src, dst + ".tmp")
+        os.replace(dst + ".tmp", dst)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, example_model):
     from tunekit.shares.share import Share
@@ -459,3 +492,33 @@ def _wait_until_dead(pid: int, timeout_s: float = 30) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"process {pid} still running")
+
+
+def test_latency_process_times_an_artifact_rebuilt_at_the_same_path(doubled_and_tripled, tmp_path):
+    """--precision auto builds the untuned model again in fp32 at the refused fp16 build's path, and one
+    worker times both: the second timing must run the new file (dlopen would hand back the first)."""
+    from tunekit.servers.latency import LatencyProcess
+    from tunekit.shares.pinning import pinned_env
+    from tunekit.shares.share import Share
+
+    doubled, tripled = doubled_and_tripled
+    path, x = str(tmp_path / "untuned.so"), np.ones((4, 8), "float32")
+    with LatencyProcess(pinned_env(Share("cpu", 50))) as worker:
+        replace_artifact(doubled, path)
+        assert worker.measure(artifact=path, inputs={"x": x}, repeats=3)[1][0][0, 0] == 2.0
+        replace_artifact(tripled, path)
+        assert worker.measure(artifact=path, inputs={"x": x}, repeats=3)[1][0][0, 0] == 3.0
+        assert worker.started == 1
+
+
+def test_load_after_the_artifact_was_rebuilt_runs_the_new_build(doubled_and_tripled, tmp_path):
+    """A session that loads a model, tunes it again and loads it again gets the new model."""
+    from tunekit.deploy import load
+
+    doubled, tripled = doubled_and_tripled
+    path, x = str(tmp_path / "model.so"), np.ones((4, 8), "float32")
+    replace_artifact(doubled, path)
+    first = load(path)
+    replace_artifact(tripled, path)
+    np.testing.assert_array_equal(load(path)(x), 3 * x)
+    np.testing.assert_array_equal(first(x), 2 * x)  # the first load still runs its own build

@@ -12,6 +12,7 @@ import os
 from ..errors import TunekitError
 from .arrays import TORCH, array_kind, from_tvm, input_problem, to_tvm
 from .compat import DeviceSpec, check_runnable, parse_device
+from .library import load_library
 from .metadata import ArtifactMetadata, TensorSpec, read_metadata
 from .variants import AUTO, VariantChoice, choose_variant, variants_of
 
@@ -143,11 +144,10 @@ def load(artifact: str, *, device=None, variant: str | None = AUTO) -> TunedMode
     meta = read_metadata(artifact)
     where = parse_device(device, default_kind=meta.device_kind)
     check_runnable(artifact, meta, where)
-    import tvm
     from tvm import relax
 
     try:
-        vm = relax.VirtualMachine(tvm.runtime.load_module(artifact), where.tvm_device())
+        vm = relax.VirtualMachine(load_library(artifact), where.tvm_device())
     except Exception as exc:  # TVM raises its own error types; the user needs the one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise TunekitError(f"cannot load {artifact}: {first[:300]}") from None

@@ -33,8 +33,10 @@ def time_artifact(artifact: str, inputs_path: str, device: str, repeats: int, ou
     import tvm
     from tvm import relax
 
+    from tunekit.deploy.library import load_library
+
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
-    vm = relax.VirtualMachine(tvm.runtime.load_module(artifact), dev)
+    vm = relax.VirtualMachine(load_library(artifact), dev)
     with np.load(inputs_path) as data:
         args = [tvm.runtime.tensor(data[name], dev) for name in data.files]
     choice = _variant(vm, dev, args, artifact)

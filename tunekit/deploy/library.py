@@ -1,0 +1,26 @@
+"""Load a compiled artifact (`.so`) into this process as the file is now.
+
+dlopen matches a library it has already loaded by its path name: loading a path again returns the
+library loaded the first time, even after the file was replaced. One process loads several
+artifacts at one path in two places: the latency worker that times every artifact of a share for a
+whole run (servers.latency), where `--precision auto` builds the untuned model again in fp32 at the
+path of the refused fp16 build, and a user's session that loads a model, tunes it again, and loads
+it again. The H100 timed and checked the fp16 build a second time, and refused the fp32 fallback
+for the fp16 build's error. So every load opens a private copy under a name of its own.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+
+def load_library(path: str):
+    """`tvm.runtime.load_module(path)` of the file as it is now, never a library loaded earlier."""
+    import tvm
+
+    with tempfile.TemporaryDirectory(prefix="tunekit-load-") as tmp:
+        private = os.path.join(tmp, os.path.basename(path))
+        shutil.copyfile(path, private)
+        # the copy can go once loaded: dlopen has mapped it, and TVM has read the device code out of it
+        return tvm.runtime.load_module(private)
