@@ -63,7 +63,7 @@ class LocalExecutor:
         """Start the group's fleets (and the tunekit engine's build workers, runner and cost models)
         on a thread while the pipeline compiles and times the untuned model; `tune` takes them over.
         On the H100 machine these were ~35 s of a ResNet-18 run's `tune_s` beyond its tuning wall."""
-        warm = _Warmup(lambda stack: self._start(group, sessions, stack))
+        warm = _Warmup(lambda stack, steps: self._start(group, sessions, stack, steps))
         self._warm = warm
         try:
             yield warm
@@ -71,9 +71,13 @@ class LocalExecutor:
             self._warm = None
             warm.close()  # unless `tune` has (the untuned model was refused, Ctrl-C, ...)
 
-    def _start(self, group: list[ShareJob], sessions: dict, stack: contextlib.ExitStack):
-        """{label: (fleet, Measurement)} and the engine's started parts (None: it has none)."""
+    def _start(self, group: list[ShareJob], sessions: dict, stack: contextlib.ExitStack, steps: dict):
+        """{label: (fleet, Measurement)} and the engine's started parts (None: it has none). `steps`
+        gets the seconds of each step: on the H100 a ResNet-18 warm-up took 53.5 s (tuning waited
+        40 s for it) where the same steps took ~35 s inside `tune` before; which one grew is unknown."""
+        clock = time.perf_counter()
         fleets = {job.label: stack.enter_context(self._fleet(job, sessions[job.label])) for job in group}
+        steps["fleets_s"], clock = time.perf_counter() - clock, time.perf_counter()
         start = getattr(self.engine, "start", None)
         engine = None
         if start is not None:
@@ -81,14 +85,17 @@ class LocalExecutor:
             engine = start(target=first.target, measurements={job.label: fleets[job.label][1] for job in group},
                            work_dir=first.work_dir, config=self.config)
             stack.callback(engine.shutdown)
+            steps["engine_s"], clock = time.perf_counter() - clock, time.perf_counter()
             engine.builder.wait_until_warm()  # warm means its workers have imported TVM
+            steps["build_workers_s"] = time.perf_counter() - clock
         return fleets, engine
 
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         from ..clients.measurement import ShareToMeasure
         from ..records.database import open_database
 
-        warm = self._warm or _Warmup(lambda stack: self._start(group, sessions, stack), before_tuning=False)
+        warm = self._warm or _Warmup(lambda stack, steps: self._start(group, sessions, stack, steps),
+                                     before_tuning=False)
         try:
             fleets, engine = warm.result()
             shares = [ShareToMeasure(job.label, open_database(job.db_dir), fleets[job.label][1], job.db_dir)
@@ -135,7 +142,8 @@ class LocalExecutor:
 
 
 class _Warmup:
-    """`start(stack)` run on a thread from now on; what it enters into `stack` lives until close().
+    """`start(stack, steps)` run on a thread from now on; what it enters into `stack` lives until
+    close(), and what it puts in `steps` (seconds per step) goes into the report.
 
     `settle(job)`: called by the pipeline before it times a model at `job`'s share. A CPU share
     waits for the start to end (its servers and build workers import TVM on the share's cores,
@@ -150,12 +158,13 @@ class _Warmup:
         self._before_tuning = before_tuning
         self._started = time.perf_counter()
         self._took_s = self._waited_s = None
+        self._steps: dict[str, float] = {}
         self._thread = threading.Thread(target=self._run, args=(start,), name="tunekit-warm-up", daemon=True)
         self._thread.start()
 
     def _run(self, start) -> None:
         try:
-            self._value = start(self._stack)
+            self._value = start(self._stack, self._steps)
         except BaseException as exc:  # raised where the value is wanted (result)
             self._error = exc
         self._took_s = time.perf_counter() - self._started
@@ -174,9 +183,11 @@ class _Warmup:
 
     def describe(self) -> dict:
         """report.json phases.warm_up: whether the fleets and the engine were started before tuning
-        (beside the untuned model), how long that took, and how long tuning then waited for it."""
+        (beside the untuned model), how long that took (`steps`: the fleets, making the engine, its
+        build workers importing TVM), and how long tuning then waited for it."""
         return {"before_tuning": self._before_tuning, "took_s": _rounded(self._took_s),
-                "tuning_waited_s": _rounded(self._waited_s)}
+                "tuning_waited_s": _rounded(self._waited_s),
+                "steps": {name: _rounded(seconds) for name, seconds in self._steps.items()}}
 
     def close(self) -> None:
         if self._closed:
