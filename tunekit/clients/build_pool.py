@@ -111,12 +111,38 @@ class BuildPool(PyBuilder):
         self._pool = PopenPoolExecutor(max_workers=self.workers, timeout=timeout_s, initializer=_worker_init,
                                        initargs=(cores, cuda_aot, nice), maximum_process_uses=_RECYCLE_AFTER)
         # Start every worker now (TVM import ~1-2 s each) so the first batch does not wait for it.
+        self.warm_s: float | None = None  # seconds from here until every worker had started
+        self._created = time.perf_counter()
+        self._warm_lock = threading.Lock()
+        self._waiting_for_warm: list = []
+        self._not_started = self.workers
         self._warm = [self._pool.submit(os.getpid) for _ in range(self.workers)]
+        for started in self._warm:
+            started.add_done_callback(self._one_started)
+
+    def _one_started(self, _future) -> None:
+        with self._warm_lock:
+            self._not_started -= 1
+            if self._not_started:
+                return
+            self.warm_s = time.perf_counter() - self._created
+            callbacks, self._waiting_for_warm = self._waiting_for_warm, []
+        for callback in callbacks:
+            callback(self.warm_s)
 
     def wait_until_warm(self) -> None:
         """Block until every worker has started (imported TVM): timings after this exclude start-up."""
         for started in self._warm:
             started.result()
+
+    def on_warm(self, callback) -> None:
+        """`callback(warm_s)` once every worker has started (at once if they all have; else from a
+        worker's thread). Nothing waits for it."""
+        with self._warm_lock:
+            if self.warm_s is None:
+                self._waiting_for_warm.append(callback)
+                return
+        callback(self.warm_s)
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         """The whole batch (MetaSchedule's Builder interface): every result once the slowest is built."""

@@ -73,8 +73,15 @@ class LocalExecutor:
 
     def _start(self, group: list[ShareJob], sessions: dict, stack: contextlib.ExitStack, steps: dict):
         """{label: (fleet, Measurement)} and the engine's started parts (None: it has none). `steps`
-        gets the seconds of each step: on the H100 a ResNet-18 warm-up took 53.5 s (tuning waited
-        40 s for it) where the same steps took ~35 s inside `tune` before; which one grew is unknown."""
+        gets the seconds of each step: the fleets, making the engine, and its build workers importing
+        TVM (`build_workers_s`, from the engine's build pool being made).
+
+        A CPU share's warm-up waits for the build workers: they import TVM on the cores the untuned
+        model is timed on. A GPU share's does not, and the first searches of tuning overlap their
+        start (as they did inside `tune` before the warm-up existed). Waiting for them on the H100
+        made the warm-up 53.5 s, and tuning waited 40 s for it, while the tuning wall of the code
+        before, which overlapped them, was 20 s longer (ResNet-18, 32 trials; see
+        benchmarks/results/startup-latency-process-warm-up)."""
         clock = time.perf_counter()
         fleets = {job.label: stack.enter_context(self._fleet(job, sessions[job.label])) for job in group}
         steps["fleets_s"], clock = time.perf_counter() - clock, time.perf_counter()
@@ -85,9 +92,10 @@ class LocalExecutor:
             engine = start(target=first.target, measurements={job.label: fleets[job.label][1] for job in group},
                            work_dir=first.work_dir, config=self.config)
             stack.callback(engine.shutdown)
-            steps["engine_s"], clock = time.perf_counter() - clock, time.perf_counter()
-            engine.builder.wait_until_warm()  # warm means its workers have imported TVM
-            steps["build_workers_s"] = time.perf_counter() - clock
+            steps["engine_s"] = time.perf_counter() - clock
+            engine.builder.on_warm(lambda seconds: steps.__setitem__("build_workers_s", seconds))
+            if first.share.kind == "cpu":
+                engine.builder.wait_until_warm()  # warm means its workers have imported TVM
         return fleets, engine
 
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
@@ -184,10 +192,11 @@ class _Warmup:
     def describe(self) -> dict:
         """report.json phases.warm_up: whether the fleets and the engine were started before tuning
         (beside the untuned model), how long that took (`steps`: the fleets, making the engine, its
-        build workers importing TVM), and how long tuning then waited for it."""
+        build workers importing TVM; on a GPU nothing waits for the last, which may end later), and
+        how long tuning then waited for it."""
         return {"before_tuning": self._before_tuning, "took_s": _rounded(self._took_s),
                 "tuning_waited_s": _rounded(self._waited_s),
-                "steps": {name: _rounded(seconds) for name, seconds in self._steps.items()}}
+                "steps": {name: _rounded(seconds) for name, seconds in dict(self._steps).items()}}
 
     def close(self) -> None:
         if self._closed:
