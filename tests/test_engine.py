@@ -34,6 +34,23 @@ def test_build_pool_workers_persist_across_batches(tmp_path):
         pool.shutdown()
 
 
+def test_build_pool_says_when_its_workers_have_started_without_anyone_waiting(tmp_path):
+    """BuildPool.on_warm: a GPU share's warm-up does not wait for the build workers (tuning's first
+    searches overlap their start), yet the report times it (phases.warm_up.steps.build_workers_s)."""
+    import threading
+
+    heard, fired = [], threading.Event()
+    pool = BuildPool(workers=2, timeout_s=60, artifact_dir=str(tmp_path))
+    try:
+        pool.on_warm(lambda seconds: (heard.append(seconds), fired.set()))  # before they have started
+        assert fired.wait(120)
+        assert pool.warm_s is not None and heard == [pool.warm_s] and pool.warm_s > 0
+        pool.on_warm(heard.append)  # after: at once, the same time
+        assert heard == [pool.warm_s] * 2
+    finally:
+        pool.shutdown()
+
+
 def test_a_build_that_fails_inside_a_pass_leaves_the_worker_able_to_build(tmp_path):
     """TVM's pass profiler, left in the pass that threw, failed every later build of the worker
     ("cannot print pass profile while still in a pass!", then a crash) until it was recycled."""
