@@ -50,6 +50,11 @@ trap copy EXIT
 case "$1" in
   start)
     MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}; VARIANTS_MODELS=${VARIANTS_MODELS:-}
+    # A carried TT_BEFORE (e.g. .oldtk) leaves the checkout at the next device call (each call's tree
+    # copy drops what an earlier call carried), long before the tt step runs: keep a copy under /tmp.
+    if [ -n "${TT_BEFORE:-}" ] && [ -d "$TT_BEFORE" ] && [ -z "${DRY:-}" ]; then
+      rm -rf /tmp/tt-before && cp -r "$TT_BEFORE" /tmp/tt-before && TT_BEFORE=/tmp/tt-before
+    fi
     TORCH_MODELS=${TORCH_MODELS:-$MODELS}; [ "$TORCH_MODELS" = none ] && TORCH_MODELS=""
     [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* || ,$STEPS, == *,tt,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
