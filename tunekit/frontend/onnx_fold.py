@@ -30,6 +30,9 @@ def fold_shapes(model, shapes: dict[str, list[int]]):
                 dim.dim_value = int(size)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # Errors only: folding drops the initializers the shapes were computed from, and onnxruntime warns
+    # about each one on the user's terminal.
+    options.log_severity_level = 3
     with tempfile.TemporaryDirectory(prefix="tunekit-fold-") as tmp:
         options.optimized_model_filepath = os.path.join(tmp, "folded.onnx")
         ort.InferenceSession(fixed.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -1,12 +1,18 @@
 """Load and check an ONNX model, fix dynamic dims, import it into TVM Relax."""
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import TunekitError
+
+log = logging.getLogger("tunekit")
 
 _ONNX_TO_NUMPY = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64"}
 
@@ -109,21 +115,48 @@ def model_inputs(model, overrides: dict[str, list[int]]) -> ModelInputs:
 def import_to_relax(model, inputs: ModelInputs):
     """The ONNX model in Relax. When TVM's importer fails, once more with the graph's shape
     computations folded by onnxruntime (frontend.onnx_fold); the first error is the one reported."""
-    from tvm.relax.frontend.onnx import from_onnx
-
     from .onnx_fold import fold_shapes
 
     try:
-        return from_onnx(model, shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
-    except Exception as exc:
+        return _from_onnx(model, inputs)
+    except _ImportFailed as exc:
         first = exc
     try:
-        return from_onnx(fold_shapes(model, inputs.shapes), shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
+        relax_mod = _from_onnx(fold_shapes(model, inputs.shapes), inputs)
     except Exception:
         pass
-    message = str(first).strip().splitlines()
-    text = " ".join(message[-3:]) if message else type(first).__name__
-    if "not supported" in text.lower() or "unsupported" in text.lower():
+    else:
+        log.info("TVM's importer failed on the model as exported (%s); imported it with its shape "
+                 "computations folded", first.summary())
+        return relax_mod
+    text = first.summary()
+    if "not supported" in text.lower() or "unsupported" in text.lower() or "not implemented" in text.lower():
         ops = sorted({n.op_type for n in model.graph.node})
         raise TunekitError(f"TVM cannot import this model: {text[:300]} (operators in the model: {', '.join(ops)})")
     raise TunekitError(f"TVM could not import the model: {text[:300]}")
+
+
+class _ImportFailed(Exception):
+    def __init__(self, error: Exception, printed: str):
+        super().__init__(str(error))
+        self.error, self.printed = error, printed
+
+    def summary(self) -> str:
+        """One line: which operator TVM failed on (it prints that, and raises e.g. a bare AssertionError), and why."""
+        lines = str(self.error).strip().splitlines()
+        why = " ".join(lines[-3:]) if lines else type(self.error).__name__
+        op = re.search(r"Error converting operator (\w+)", self.printed)
+        return f"converting operator {op.group(1)} failed: {why}" if op else why
+
+
+def _from_onnx(model, inputs: ModelInputs):
+    """TVM's ONNX importer. Its `print` of the operator it failed on goes to stdout, where a user would
+    read "Error converting operator" above a run that went on to succeed (and into `--json` output): keep it."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            return from_onnx(model, shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
+    except Exception as exc:
+        raise _ImportFailed(exc, printed.getvalue()) from None
