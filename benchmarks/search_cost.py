@@ -54,6 +54,27 @@ def time_setting(tasks, index: int, target, population: int, generations: int, s
     return seconds
 
 
+def example_tasks(model_name: str, target_spec: str, precision: str):
+    """(target, tasks) of an example model (tunekit.models.examples) after tunekit's conversion for `precision`;
+    `target_spec` is a tag or JSON."""
+    import json
+
+    import tvm
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.frontend.onnx_loader import import_to_relax, model_inputs
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import extract_tasks
+    from tunekit.models import examples
+
+    target = tvm.target.Target(json.loads(target_spec) if target_spec.startswith("{") else target_spec)
+    import_for_target(target.kind.name)
+    model = getattr(examples, model_name)()
+    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision=precision)
+    return target, extract_tasks(prepared, target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet18")
@@ -67,22 +88,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print MetaSchedule's profiler table per batch")
     args = parser.parse_args()
 
-    import json
-
-    import tvm
-
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tunekit.clients.intrinsics import import_for_target
-    from tunekit.frontend.onnx_loader import import_to_relax, model_inputs
-    from tunekit.frontend.precision import prepare
-    from tunekit.frontend.tasks import extract_tasks
-    from tunekit.models import examples
-
-    target = tvm.target.Target(json.loads(args.target) if args.target.startswith("{") else args.target)
-    import_for_target(target.kind.name)
-    model = getattr(examples, args.model)()
-    prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision=args.precision)
-    tasks = extract_tasks(prepared, target)
+    target, tasks = example_tasks(args.model, args.target, args.precision)
     index = next((i for i, t in enumerate(tasks) if args.task in t.task_name), None)
     if index is None:
         sys.exit(f"no task matches {args.task!r}: {', '.join(t.task_name for t in tasks)}")
