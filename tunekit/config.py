@@ -30,6 +30,9 @@ class TuneConfig:
     search_per_share: bool = False
     robust: bool = False
     # ---- search
+    # The shared memory per block a GPU search lets candidates use (targets.search_target): static (48 KB)
+    # or opt-in (the architecture's most, e.g. 227 KB on an H100). Experimental: not yet measured on a GPU.
+    gpu_shared_memory: str = "static"
     trials_per_iter: int = 8         # candidates per build/measure batch (small: every task gets a turn early)
     builder_workers: int | None = None  # default: the cores this process may use
     build_timeout_s: float = 120.0
@@ -152,6 +155,8 @@ class TuneConfig:
             raise TunekitError("--robust needs every candidate measured at every share: drop --search-per-share")
         if self.task_scheduler not in ("gradient", "score"):
             raise TunekitError(f"task_scheduler must be gradient or score, not {self.task_scheduler!r}")
+        if self.gpu_shared_memory not in ("static", "opt-in"):
+            raise TunekitError(f"gpu_shared_memory must be static or opt-in, not {self.gpu_shared_memory!r}")
         if self.precision not in ("auto", "fp32", "fp16"):
             raise TunekitError(f"precision must be auto, fp32 or fp16, not {self.precision!r}")
         if self.engine not in ("tunekit", "stock"):

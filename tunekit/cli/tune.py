@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "fp16"],
                    help="auto (default): fp16 with fp32 accumulation and NHWC convs on a GPU with tensor cores, "
                    "fp32 on CPU")
+    p.add_argument("--gpu-shared-memory", dest="gpu_shared_memory", choices=["static", "opt-in"],
+                   help="shared memory per block the GPU search lets a kernel use: static (default, 48 KB) or "
+                   "opt-in (the most this GPU's blocks may opt into: 227 KB on an H100); experimental")
     p.add_argument("--servers", type=int, help="runner servers at the share, per GPU (or per node for a CPU share); "
                    "up to 100/pct fit on one device without overlapping (default 1)")
     p.add_argument("--clients", type=int, help="tuning clients (Ray actors) per share, each tuning a shard of the "
@@ -78,7 +81,7 @@ def add_arguments(p) -> None:
 
 _CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed", "listen_host",
                  "rpc_secret_file", "servers_gone_timeout_s", "time_budget_s", "precision",
-                 "oversubscribe", "share_wait_s", "search_per_share", "robust")
+                 "gpu_shared_memory", "oversubscribe", "share_wait_s", "search_per_share", "robust")
 
 
 def tune_config(args):

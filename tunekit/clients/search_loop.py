@@ -34,6 +34,7 @@ from ..interrupts import stop_requested
 from ..records.baselines import workload_key
 from ..frontend.tasks import already_scheduled, task_family, task_flops
 from ..records.database import commit_workload_durably, mean_run_us
+from ..targets import search_target
 from . import callbacks, first_look
 from .intrinsics import prepare_metaschedule_logging
 from .scheduler import TaskScheduler, TaskState, mark_negligible
@@ -84,6 +85,18 @@ class LoopOutcome:
     tasks: list[dict]
     phases: dict
     session_failures: int
+
+
+def tasks_to_search(extracted: list, target, *, shared_memory: str = "static") -> list:
+    """The extracted tasks as the search sees them: with `shared_memory="opt-in"` on a GPU, their target (which
+    the TuneContexts' VerifyGPUCode checks every candidate against) allows the architecture's opt-in shared
+    memory per block (targets.search_target). The model is still compiled for `target`."""
+    from tvm.s_tir import meta_schedule as ms
+
+    verify_for = search_target(target, shared_memory=shared_memory)
+    if verify_for is target:
+        return list(extracted)
+    return [ms.ExtractedTask(t.task_name, t.mod, verify_for, list(t.dispatched), t.weight) for t in extracted]
 
 
 @dataclass
@@ -239,6 +252,7 @@ class SearchLoop:
         extracted = [req.extracted_tasks[i] for i in keep]
         budgets = [req.task_budgets[i] for i in keep] if req.task_budgets is not None else None
         kind = req.target.kind.name
+        extracted = tasks_to_search(extracted, req.target, shared_memory=config.gpu_shared_memory)
         strategy = ms.search_strategy.EvolutionarySearch(population_size=config.population,
                                                          genetic_num_iters=config.genetic_iters_for(kind),
                                                          init_min_unmeasured=config.init_samples_for(kind))
