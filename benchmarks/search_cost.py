@@ -19,15 +19,18 @@ import time
 
 
 def time_setting(tasks, index: int, target, population: int, generations: int, samples: int, *, batches: int,
-                 batch: int, threads: int, profile: bool = False) -> list[float]:
+                 batch: int, threads: int, profile: bool = False, shared_memory: str = "static") -> list[float]:
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from tunekit.clients.search_loop import tasks_to_search
 
     strategy = ms.search_strategy.EvolutionarySearch(population_size=population, genetic_num_iters=generations,
                                                      init_min_unmeasured=samples)
     with tempfile.TemporaryDirectory(prefix="tunekit-search-cost-") as work:
         (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            [tasks[index]], work, strategy=strategy, num_threads=threads, seed=0)
+            tasks_to_search([tasks[index]], target, shared_memory=shared_memory), work, strategy=strategy,
+            num_threads=threads, seed=0)
         cost_model = ms.cost_model.XGBModel(num_tuning_cores=threads)
         ctx.pre_tuning(max_trials=batches * batch, num_trials_per_iter=batch, design_spaces=ctx.generate_design_space(),
                        database=ms.database.MemoryDatabase(), cost_model=cost_model)
@@ -86,6 +89,8 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "auto"),
                         help="tunekit's conversion before extraction (fp16: NHWC, tensor-core tasks on CUDA)")
     parser.add_argument("--profile", action="store_true", help="print MetaSchedule's profiler table per batch")
+    parser.add_argument("--shared-memory", default="static",
+                        help="comma-separated --gpu-shared-memory modes, each timed in turn for every setting")
     args = parser.parse_args()
 
     target, tasks = example_tasks(args.model, args.target, args.precision)
@@ -95,12 +100,15 @@ def main() -> None:
     threads = int(os.environ.get("SEARCH_THREADS", 0)) or len(os.sched_getaffinity(0))
     print(f"{args.model} task {tasks[index].task_name} on {target.kind.name}, {threads} threads, "
           f"batches of {args.batch}\n")
-    print("| population | generations | valid samples | seconds per batch |\n| ---: | ---: | ---: | --- |")
+    print("| population | generations | valid samples | shared memory | seconds per batch |\n"
+          "| ---: | ---: | ---: | --- | --- |")
     for setting in args.settings.split(","):
         population, generations, samples = (int(x) for x in setting.split(":"))
-        secs = time_setting(tasks, index, target, population, generations, samples, batches=args.batches,
-                            batch=args.batch, threads=threads, profile=args.profile)
-        print(f"| {population} | {generations} | {samples} | {', '.join(f'{s:.1f}' for s in secs)} |", flush=True)
+        for mode in args.shared_memory.split(","):
+            secs = time_setting(tasks, index, target, population, generations, samples, batches=args.batches,
+                                batch=args.batch, threads=threads, profile=args.profile, shared_memory=mode)
+            print(f"| {population} | {generations} | {samples} | {mode} | {', '.join(f'{s:.1f}' for s in secs)} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
