@@ -40,6 +40,10 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     # ... each with the time measured at that share, not one time copied to both.
     assert all(half[key] != full[key] for key in half)
     per_share = report["per_share"]
+    # the two shares' fleets started at once, not one after the other
+    starts = per_share["cpu50"]["phases"]["warm_up"]["fleet_starts"]
+    (a_begun, a_ended), (b_begun, b_ended) = starts["cpu50"], starts["cpu100"]
+    assert max(a_begun, b_begun) < min(a_ended, b_ended), starts
     for label in ("cpu50", "cpu100"):
         assert per_share[label]["trials"]["measured"] == 12
         assert per_share[label]["phases"]["proposed_by"]["cpu100"] >= 1

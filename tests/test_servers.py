@@ -105,3 +105,13 @@ def test_a_fleet_starts_and_serves_while_9190_is_taken(tmp_path):
         fleet = stack.enter_context(local_fleet("t-9190", start_timeout_s=20))
         assert fleet.tracker_port != 9190
         assert np.allclose(_session_add_one(fleet, lib), 2.0)
+
+
+def test_free_port_never_hands_out_a_port_twice():
+    """Fleets of several shares start at once and pick ports while each other's trackers and servers are
+    still starting; the kernel hands a just-released port out again often enough (a few thousand picks
+    from its ~28,000 ephemeral ports collide with near certainty) that two children could race for one."""
+    from tunekit.servers.ports import free_port
+
+    picked = [free_port() for _ in range(3000)]
+    assert len(set(picked)) == len(picked)
