@@ -144,7 +144,6 @@ def test_gpu_robust_artifact_carries_every_shares_schedules(example_model, tmp_p
     starts = report["per_share"]["gpu40"]["phases"]["warm_up"]["fleet_starts"]
     (a_begun, a_ended), (b_begun, b_ended) = starts["gpu40"], starts["gpu100"]
     assert max(a_begun, b_begun) < min(a_ended, b_ended), starts
-    print("fleet_starts", starts, "warm_up", report["per_share"]["gpu40"]["phases"]["warm_up"]["steps"])
     robust = report["robust"]
     assert set(robust["matrix"]) == {"gpu40", "gpu100", "robust-per-task", "robust"}
     static = robust["static_choice"]
