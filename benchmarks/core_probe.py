@@ -3,7 +3,7 @@
 A virtual machine's CPUs may be the two hardware threads of fewer physical cores. Then N busy processes each run
 about half as fast as N/2 do, and "CPU seconds" on a loaded machine cost twice those on an idle one: a search
 that takes 64 CPU-s on one thread takes ~125 on 16 threads of a 16-CPU machine for that reason alone
-(benchmarks/results/h100-search-processes).
+(benchmarks/results/h100-search-cpu).
 
   python benchmarks/core_probe.py [--seconds 2]
 Prints, per process count, the loops per second of each process relative to one process alone.

@@ -217,7 +217,8 @@ class SearchLoop:
         self.req = request
         self.builder, self.runner, self.cost_model = builder, runner, cost_model
         self.search_threads = search_threads
-        self.depth = 2 if overlap else 1
+        self.depth = (request.config.pipeline_depth or 2) if overlap else 1
+        self.most_in_flight = 0  # the most batches that were in flight at once (report: phases.pipeline)
         self.phases = PhaseTimes()
         self.device_type = "cuda" if request.target.kind.name == "cuda" else "cpu"
         self.lanes = [ShareLane(request.label, request.database, cost_model)] + [
@@ -597,6 +598,7 @@ class SearchLoop:
             idle_rounds = 0
             batch.staged = stage.submit(self._build_and_submit, batch)
             in_flight.append(batch)
+            self.most_in_flight = max(self.most_in_flight, len(in_flight))
 
     def _outcome(self, wall: float, lane: ShareLane) -> LoopOutcome:
         per_task = self.req.task_budgets is not None
@@ -619,7 +621,9 @@ class SearchLoop:
                 for t in lane.tasks]
         measured = sum(t.measured for t in lane.tasks)
         return LoopOutcome(measured, sum(t.failed for t in lane.tasks), sum(t.cached for t in lane.tasks), wall, rows,
-                           {**self.phases.as_dict(wall, measured), **shared}, self.runner.session_failures)
+                           {**self.phases.as_dict(wall, measured), **shared,
+                            "pipeline": {"depth": self.depth, "most_in_flight": self.most_in_flight}},
+                           self.runner.session_failures)
 
     def _measure_untuned(self) -> None:
         """One build + run per task of the unscheduled (or default-scheduled) kernel: the per-task baseline."""
