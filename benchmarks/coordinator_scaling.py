@@ -7,6 +7,8 @@ its clients' start-up), plus, for reference, the single-process engine without R
 
   python benchmarks/coordinator_scaling.py --model tiny_cnn --cpu-pct 50 --trials 32
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --trials 48 --setups 1x1,1x2,2x2
+  # each GPU with its own 16 cores, as if every GPU came with a machine of its own (1 GPU: cores 0-15, 2: 0-31):
+  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 1x2x1,2x2x2 --cores-per-gpu 16
   # clients on CPU nodes of a cluster, fleets on its GPU node (README: Clients where the CPUs are):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 4x2x1,8x2x2 --no-single-process \
       --ray-address HEAD:6379 --client-nodes tunekit_client --rpc-secret-file ~/.tunekit-secret
@@ -25,6 +27,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tuning_time import machine, model_path  # noqa: E402
 
 
+def setup_cores(gpus: int, cores_per_gpu: int | None) -> list[int] | None:
+    """The cores a setup's run may use: the first gpus x cores_per_gpu of this process's (None: all of them)."""
+    if not cores_per_gpu:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    want = max(1, gpus) * cores_per_gpu
+    if want > len(allowed):
+        raise SystemExit(f"--cores-per-gpu {cores_per_gpu}: {max(1, gpus)} GPU(s) need {want} cores, "
+                         f"this machine lets the run use {len(allowed)}")
+    return allowed[:want]
+
+
 def run_setup(label: str, clients: int | None, servers: int, model: str, share_flag: list[str], args,
               workdir: str, gpus: int = 0) -> dict:
     out = os.path.join(workdir, label)
@@ -40,8 +54,11 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             if getattr(args, flag):
                 cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    cores = setup_cores(gpus, args.cores_per_gpu)
     started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # Ray, its workers and the build pools inherit the affinity: Ray counts these cores as the node's CPUs
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
     if proc.returncode != 0:
         return {"label": label, "error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "failed"}
     report = json.loads(proc.stdout)["report"]
@@ -50,6 +67,7 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         with open(os.path.join(args.keep_reports, label.replace(" ", "").replace("(s)", "") + ".json"), "w") as fh:
             json.dump(report, fh, indent=1)
     return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
+            "cores": len(cores) if cores else len(os.sched_getaffinity(0)),
             "tuning_wall_s": report["tuning_wall_s"], "process_wall_s": round(time.time() - started, 1),
             "trials": report["trials"]["measured"], "failed": report["trials"]["failed"],
             "trials_per_s": round(report["trials"]["measured"] / report["tuning_wall_s"], 3),
@@ -64,16 +82,16 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
-    lines = ["| setup | clients | servers | tuning wall (s) | whole command (s) | trials | trials/s | "
+    lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | |")
             continue
         speed = f"{r['trials_per_s'] / base['trials_per_s']:.2f}x" if base else ""
         lat = f"{r['tuned_ms'] / base['tuned_ms']:.3f}" if base else ""
-        lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r['tuning_wall_s']:.1f} | "
+        lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r.get('cores', '')} | {r['tuning_wall_s']:.1f} | "
                      f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
                      f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} |")
     return "\n".join(lines)
@@ -91,6 +109,8 @@ def main() -> None:
                         help="CLIENTSxSERVERS[xGPUS] list through Ray (the first is the reference); "
                              "servers are per GPU, GPUS uses devices 0..GPUS-1")
     parser.add_argument("--keep-reports", help="copy each setup's report.json into this folder")
+    parser.add_argument("--cores-per-gpu", type=int,
+                        help="run a setup of G GPUs on the first G x N cores only (each GPU brings its own cores)")
     parser.add_argument("--ray-address", help="Ray setups join this cluster (default: each starts Ray here)")
     parser.add_argument("--client-nodes", help="Ray setups: where the tuning clients go (any, cpu-only, a resource)")
     parser.add_argument("--rpc-secret-file", help="Ray setups: the secret fleets demand on a cluster of machines")
