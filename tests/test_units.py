@@ -373,12 +373,13 @@ def conv_records(example_model, tmp_path_factory):
     candidates = ctx.generate_measure_candidates()
     assert len(candidates) >= 2
 
-    def database(*secs):
-        db = ms.database.MemoryDatabase()
+    def database(*secs, into=None):
+        """The candidates in turn with these run times, in a new MemoryDatabase (or `into`)."""
+        db = ms.database.MemoryDatabase() if into is None else into
         workload = db.commit_workload(ctx.mod)
         for candidate, s in zip(candidates, secs):
-            db.commit_tuning_record(ms.database.TuningRecord(candidate.sch.trace, workload, [s], target,
-                                                             candidate.args_info))
+            db.commit_tuning_record(ms.database.TuningRecord(candidate.sch.trace, workload, s if isinstance(s, list)
+                                                             else [s], target, candidate.args_info))
         return db
 
     return database, workload_key(ctx.mod)
@@ -405,6 +406,43 @@ def test_useful_records_drops_a_record_no_faster_than_the_untuned_kernel(conv_re
     assert applied == {key: False} and len(kept.get_all_tuning_records()) == 0
     kept, applied = useful_records(database(1e10), {key: 1e9})  # only failed trials: nothing to apply
     assert not applied.get(key) and len(kept.get_all_tuning_records()) == 0
+
+
+def test_best_records_are_what_the_json_database_ranks_first_without_parsing_every_trace(conv_records, tmp_path):
+    """open_best_records reads the lines and parses one trace per workload: the record JSONDatabase's
+    get_top_k(workload, 1) gives (lowest mean run time; failed trials never; on a tie the first in the
+    file), with a torn last line skipped."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunekit.records.database import open_best_records, open_database
+    from tunekit.records.jsonl import RECORDS
+
+    database, _ = conv_records
+
+    def json_database(name):
+        (tmp_path / name).mkdir()
+        return tmp_path / name, ms.database.JSONDatabase(work_dir=str(tmp_path / name))
+
+    def best_of(db_dir):
+        full, best = open_database(db_dir), open_best_records(db_dir)
+        (workload,) = {r.workload.mod for r in full.get_all_tuning_records()}
+        expected, got = full.get_top_k(full.commit_workload(workload), 1), best.get_top_k(best.commit_workload(workload), 1)
+        assert [str(r.trace) for r in got] == [str(r.trace) for r in expected]
+        assert [[float(s) for s in r.run_secs] for r in got] == [[float(s) for s in r.run_secs] for r in expected]
+        return got
+
+    ranked, db = json_database("ranked")  # failed first, then a mean of 20 us over two runs, then 30 us
+    database(1e10, [10e-6, 30e-6], 30e-6, into=db)
+    (best,) = best_of(ranked)
+    assert [float(s) for s in best.run_secs] == [10e-6, 30e-6]
+    tie, db = json_database("tie")  # two candidates, equal means: the first one committed
+    database(20e-6, 20e-6, into=db)
+    with open(tie / RECORDS, "a") as fh:
+        fh.write('[0, [["cut off')  # a crash mid-line
+    best_of(tie)
+    failed, db = json_database("failed")  # only failed trials: nothing to apply
+    database(1e10, 1e10, into=db)
+    assert best_of(failed) == [] and open_best_records(failed).get_all_tuning_records() == []
 
 
 def test_useful_records_keeps_the_best_when_there_is_no_baseline(conv_records):

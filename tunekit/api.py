@@ -140,7 +140,7 @@ def compile_model(model: str, *, records: str, share: str | None = None, out: st
     from .frontend.precision import prepare
     from .records.baselines import read_baselines
     from .deploy.metadata import metadata_for, write_metadata
-    from .records.database import count_trials, find_share_databases, open_database
+    from .records.database import count_trials, find_share_databases, open_best_records
     from .records.identity import read_identity
     from .run.session import load_model
     from .targets import target_for
@@ -158,7 +158,7 @@ def compile_model(model: str, *, records: str, share: str | None = None, out: st
     # The records are for the workloads of the precision they were tuned in (fp32 before it was recorded).
     precision = read_identity(databases[share]).get("precision", "fp32")
     prepared, _ = prepare(loaded.mod, target, precision=precision)
-    compile_and_export(prepared_mod=prepared, target=target, database=open_database(databases[share], create=False),
+    compile_and_export(prepared_mod=prepared, target=target, database=open_best_records(databases[share], create=False),
                        path=out, baselines=read_baselines(databases[share]))
     write_metadata(out, metadata_for(loaded=loaded, target=target, share_label=share, precision=precision,
                                      tuned_trials=count_trials(databases[share]), db_dir=databases[share],

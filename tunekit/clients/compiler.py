@@ -42,9 +42,9 @@ def useful_records(database, baselines: dict[str, float] | None):
 def records_worth_applying(db_dir: str, *, create: bool = True):
     """`useful_records` of a share's database dir, against the untuned baselines kept beside it."""
     from ..records.baselines import read_baselines
-    from ..records.database import open_database
+    from ..records.database import open_best_records
 
-    return useful_records(open_database(db_dir, create=create), read_baselines(db_dir))
+    return useful_records(open_best_records(db_dir, create=create), read_baselines(db_dir))
 
 
 def apply_records(*, prepared_mod, target, database):

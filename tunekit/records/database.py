@@ -105,6 +105,55 @@ def open_database(path: str, *, create: bool = True, read_only: bool = False):
     return database
 
 
+def open_best_records(path: str, *, create: bool = True):
+    """A MemoryDatabase of each workload's best valid record in the share's database dir at `path` (the
+    record JSONDatabase.get_top_k(workload, 1) returns; on equal means the first in the file), for
+    compiling a model. Opening the whole JSONDatabase parses every trial's trace: 17 s for ResNet-18's
+    1,024 fp16 records (35 MB) on the development machine, most of a GPU tune's finish. Here only the
+    lines are read, and one trace per workload is parsed."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not create and not os.path.isfile(os.path.join(path, RECORDS)):
+        raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
+    workloads = read_workloads(path)
+    best: dict[int, tuple[float, list]] = {}  # workload index -> (mean run s, record)
+    for line in read_records(path):
+        mean = _valid_mean(line.run_secs, line.trace)
+        if mean is not None and 0 <= line.workload < len(workloads) and workloads[line.workload] is not None \
+                and (line.workload not in best or mean < best[line.workload][0]):
+            best[line.workload] = (mean, line.record)
+    # A tensor-core trace names intrinsics that must be registered before it parses: the records' target's only
+    # (all of them cost tens of seconds on a small CPU; once imported, this is free).
+    from ..clients.intrinsics import import_for_target
+
+    for kind in sorted({r[2].get("kind") for _, r in best.values() if len(r) > 2 and isinstance(r[2], dict)} - {None}):
+        import_for_target(kind)
+    database = ms.database.MemoryDatabase()
+    for index, (_, record) in sorted(best.items()):
+        workload = ms.database.Workload.from_json(workloads[index])
+        parsed = ms.database.TuningRecord.from_json(record, workload)
+        database.commit_tuning_record(ms.database.TuningRecord(
+            parsed.trace, database.commit_workload(workload.mod), parsed.run_secs, parsed.target, parsed.args_info))
+    return database
+
+
+def _valid_mean(run_secs, trace) -> float | None:
+    """The mean run time MetaSchedule sorts a record by, or None where TuningRecord.IsValid says no: no
+    measured time (every entry the failed-run stub) or no scheduling instruction before the postprocessing."""
+    times = [float(t) for t in run_secs or [] if isinstance(t, (int, float))]
+    if not times or all(t == FAILED_RUN_SECS for t in times):
+        return None
+    instructions = trace[0] if isinstance(trace, list) and trace else []
+    steps = 0
+    for inst in instructions:
+        if isinstance(inst, list) and inst and inst[0] == "EnterPostproc":
+            break
+        steps += 1
+    if not steps:
+        return None
+    return sum(times) / len(times)
+
+
 def repaired_bytes(path: str) -> int:
     """Bytes of cut-off lines moved aside when `open_database(path)` last ran (report: faults)."""
     return _REPAIRED.get(os.path.abspath(path), 0)

@@ -52,9 +52,9 @@ def with_waves(launch: dict | None, sm_count: int | None) -> dict | None:
 def best_launches(db_dir: str) -> dict[str, dict]:
     """{workload key: launch shape of its best record} for a share's database (GPU records only)."""
     from .baselines import workload_key
-    from .database import open_database
+    from .database import open_best_records
 
-    database = open_database(db_dir)
+    database = open_best_records(db_dir)  # each workload's best record only: the others' traces are not parsed
     shapes: dict[str, dict] = {}
     seen = set()
     for record in database.get_all_tuning_records():
