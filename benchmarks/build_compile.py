@@ -25,7 +25,7 @@ def sample_candidates(model_path: str, target, count: int, per_task: int, precis
     """[(task name, candidate IRModule)]: `per_task` candidates of each task, heaviest tasks first."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import extract_tasks, task_flops

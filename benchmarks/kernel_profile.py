@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     import numpy as np
 
     from tunekit.clients.compiler import compile_and_export
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.precision import prepare
     from tunekit.records.baselines import read_baselines
     from tunekit.records.database import open_database

@@ -48,7 +48,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
 
 from tunekit.clients.build_pool import BuildPool
-from tunekit.clients.intrinsics import import_for_target
+from tunekit.metaschedule_env import import_for_target
 from tunekit.clients.multi_share import MultiShareRunner
 from tunekit.clients.session_runner import RunnerConfig, SessionRunner
 from tunekit.errors import TunekitError

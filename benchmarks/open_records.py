@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     parser.add_argument("--target-kind", default="cuda", help="whose tensor intrinsics to import first")
     args = parser.parse_args(argv)
 
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.records.baselines import workload_key
     from tunekit.records.database import open_best_records, open_database
     from tunekit.records.jsonl import count_records

@@ -86,7 +86,7 @@ class BackgroundBuilds:
 def heaviest_task(model_path: str, target):
     """(the model's heaviest fp16 task on `target`, 16 of its candidates as IRModules to build)."""
     from build_compile import sample_candidates
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import extract_tasks

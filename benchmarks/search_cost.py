@@ -65,7 +65,7 @@ def example_tasks(model_name: str, target_spec: str, precision: str):
     import tvm
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.onnx_loader import import_to_relax, model_inputs
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import extract_tasks

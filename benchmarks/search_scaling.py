@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def heaviest_tasks(model: str, target, count: int) -> list:
     """The model's `count` tasks with the most FLOPs x weight, fp16 (tensor-core tasks on CUDA)."""
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import extract_tasks, task_flops
@@ -115,7 +115,7 @@ def _process_worker(model: str, target_spec: str, count: int, threads: int, batc
     """One search process of a WxTp config: the same tasks, its own TVM, its share of the queue."""
     import tvm
 
-    from tunekit.clients.intrinsics import prepare_metaschedule_logging
+    from tunekit.metaschedule_env import prepare_metaschedule_logging
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
     prepare_metaschedule_logging()
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from tunekit.clients.intrinsics import prepare_metaschedule_logging
+    from tunekit.metaschedule_env import prepare_metaschedule_logging
 
     prepare_metaschedule_logging()
     target = tvm.target.Target(json.loads(args.target) if args.target.startswith("{") else args.target)

@@ -109,7 +109,8 @@ def test_resume_continues_without_remeasuring_and_refuses_mismatches(example_mod
     # no candidate measured twice: every (workload, trace) pair is unique
     keys = record_keys(db)
     assert len(keys) == 16 and len(distinct(keys)) == len(keys)
-    # a crash that cuts the last line: repaired on open (the cut bytes kept aside), not fatal
+    # a crash that cuts the last line: not fatal to reading or compiling (which read the records as they are),
+    # and repaired when the database is opened to tune on (the cut bytes kept aside)
     records_file = db / "database_tuning_record.json"
     text = records_file.read_text()
     records_file.write_text(text[:-150])
@@ -117,6 +118,11 @@ def test_resume_continues_without_remeasuring_and_refuses_mismatches(example_mod
     assert summary.returncode == 0, summary.stderr[-1000:]
     compiled = run_cli("compile", example_model, "--records", out, "--out", tmp_path / "m.so")
     assert compiled.returncode == 0, compiled.stderr[-1000:]
+    skipped = []
+    assert len(list(read_records(str(db), skipped=skipped))) == 15 and len(skipped) == 1  # compile wrote nothing
+    from tunekit.records.database import open_database
+
+    assert len(open_database(str(db)).get_all_tuning_records()) == 15
     skipped = []
     assert len(list(read_records(str(db), skipped=skipped))) == 15 and skipped == []  # the cut line moved aside
     assert any(p.name.startswith("database_tuning_record.json.damaged-") for p in db.iterdir())
@@ -152,7 +158,7 @@ def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path
     from tvm.target import Target
 
     from tunekit.clients.compiler import apply_records
-    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
     from tunekit.clients.search_loop import untuned_module
     from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
     from tunekit.run.session import load_model

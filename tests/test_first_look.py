@@ -7,7 +7,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 from tunekit.clients.first_look import sample_ranked
-from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
 from tunekit.clients.search_loop import trace_key
 
 

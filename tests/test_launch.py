@@ -29,7 +29,7 @@ def conv_traces(tmp_path_factory):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
     from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
     from tunekit.models.examples import save_example

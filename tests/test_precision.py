@@ -81,7 +81,7 @@ def test_tensor_core_candidates_are_tensorized_and_build_on_the_cuda_target(fp16
     from tvm.s_tir.meta_schedule.builder import BuilderInput
 
     from tunekit.clients.build_pool import BuildPool
-    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
     from tunekit.clients.search_loop import is_tensorized
 
     _, _, tasks = fp16_tasks
@@ -115,7 +115,7 @@ def test_a_fresh_process_reads_tensor_core_records(fp16_tasks, tmp_path):
 
     from tvm.s_tir import meta_schedule as ms
 
-    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
     from tunekit.clients.search_loop import is_tensorized
     from tunekit.records.database import open_database
 
@@ -342,7 +342,7 @@ def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
     the model computes the same. Before frontend.split_k both were plain matmul kernels."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tunekit.clients.intrinsics import import_for_target
+    from tunekit.metaschedule_env import import_for_target
     from tunekit.clients.search_loop import is_tensorized
 
     model = load_model(_flattened_ffn(str(tmp_path / "ffn.onnx"), width=64, hidden=1024))

@@ -49,7 +49,7 @@ def _kept_seeds(task, target, shared_memory, work_dir, samples: int) -> set[int]
 
 
 def test_opt_in_search_keeps_the_schedules_static_keeps_and_those_over_48_kb(tmp_path):
-    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
     from tunekit.frontend.onnx_loader import import_to_relax, model_inputs
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import extract_tasks

@@ -355,7 +355,7 @@ def conv_records(example_model, tmp_path_factory):
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
 
-    from tunekit.clients.intrinsics import import_for_target, prepare_metaschedule_logging
+    from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
     from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
     from tunekit.records.baselines import workload_key
     from tunekit.run.session import load_model

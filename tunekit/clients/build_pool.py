@@ -52,7 +52,7 @@ def _worker_init(cores: list[int] | None, cuda_aot: bool, nice: int = 0) -> None
     if cuda_aot:
         from .build_profile import time_nvrtc
         from .cuda_compile import install as install_cuda_compile
-        from .intrinsics import import_for_target
+        from ..metaschedule_env import import_for_target
 
         install_cuda_compile()  # tvm_callback_cuda_compile: cubin at build time, without libcu++
         import_for_target("cuda")

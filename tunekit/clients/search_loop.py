@@ -36,7 +36,7 @@ from ..frontend.tasks import already_scheduled, task_family, task_flops
 from ..records.database import commit_workload_durably, mean_run_us
 from ..targets import search_target
 from . import callbacks, first_look
-from .intrinsics import prepare_metaschedule_logging
+from ..metaschedule_env import prepare_metaschedule_logging
 from .scheduler import TaskScheduler, TaskState, mark_negligible
 
 log = logging.getLogger("tunekit.search")

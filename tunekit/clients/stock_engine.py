@@ -24,7 +24,7 @@ class StockEngine:
              records_dir: str | None = None) -> TuningOutcome:
         from tvm.s_tir import meta_schedule as ms
 
-        from .intrinsics import prepare_metaschedule_logging
+        from ..metaschedule_env import prepare_metaschedule_logging
 
         prepare_metaschedule_logging()
         threads = len(measurement.share_cores) if measurement.share_cores else max(1, len(os.sched_getaffinity(0)))

@@ -100,7 +100,7 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
     `other_shares`: {label: Measurement} of more shares every candidate is also measured at (each
     with its own cost model); `measurement` is then the first share's."""
     from .build_pool import BuildPool
-    from .intrinsics import import_for_target, prepare_metaschedule_logging
+    from ..metaschedule_env import import_for_target, prepare_metaschedule_logging
 
     prepare_metaschedule_logging()
     import_for_target(target.kind.name)

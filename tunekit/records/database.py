@@ -74,7 +74,7 @@ def _json_database(path: str, **kwargs):
     then are the intrinsics imported (tens of seconds on a small CPU, so not for every database)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from ..clients.intrinsics import import_for_target
+    from ..metaschedule_env import import_for_target
 
     try:
         return ms.database.JSONDatabase(work_dir=path, module_equality="structural", **kwargs)
@@ -124,7 +124,7 @@ def open_best_records(path: str, *, create: bool = True):
             best[line.workload] = (mean, line.record)
     # A tensor-core trace names intrinsics that must be registered before it parses: the records' target's only
     # (all of them cost tens of seconds on a small CPU; once imported, this is free).
-    from ..clients.intrinsics import import_for_target
+    from ..metaschedule_env import import_for_target
 
     for kind in sorted({r[2].get("kind") for _, r in best.values() if len(r) > 2 and isinstance(r[2], dict)} - {None}):
         import_for_target(kind)

@@ -1,4 +1,6 @@
-"""Import only the tensor intrinsics the target can use.
+"""What MetaSchedule needs set up in a process: the tensor intrinsics of the target only, and its logging.
+
+Below clients/ and records/ (both parse traces that name intrinsics), so neither reaches into the other for it.
 
 `TuneContext()` runs `import tvm.s_tir.tensor_intrin`, which parses the TVMScript of every
 intrinsic of every backend: 24 s on the 2-core CI machine, 21 s of it CUDA's (mma/wmma), which an
