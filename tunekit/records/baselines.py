@@ -19,7 +19,12 @@ BASELINES_FILE = "tunekit-baselines.json"
 def workload_key(mod) -> str:
     import tvm_ffi
 
-    return f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}"
+    return key_of_hash(tvm_ffi.structural_hash(mod))
+
+
+def key_of_hash(structural_hash) -> str:
+    """The workload key of a structural hash, e.g. the first field of a database_workload.json line (a string)."""
+    return f"{int(structural_hash) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def write_baselines(db_dir: str, untuned_us_by_workload: dict[str, float]) -> None:

@@ -111,8 +111,6 @@ def open_best_records(path: str, *, create: bool = True):
     compiling a model. Opening the whole JSONDatabase parses every trial's trace: 17 s for ResNet-18's
     1,024 fp16 records (35 MB) on the development machine, most of a GPU tune's finish. Here only the
     lines are read, and one trace per workload is parsed."""
-    from tvm.s_tir import meta_schedule as ms
-
     if not create and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     workloads = read_workloads(path)
@@ -122,14 +120,22 @@ def open_best_records(path: str, *, create: bool = True):
         if mean is not None and 0 <= line.workload < len(workloads) and workloads[line.workload] is not None \
                 and (line.workload not in best or mean < best[line.workload][0]):
             best[line.workload] = (mean, line.record)
+    return parse_records(workloads, [(index, record) for index, (_, record) in sorted(best.items())])
+
+
+def parse_records(workloads: list, picks: list[tuple[int, list]]):
+    """A MemoryDatabase of the record lines `picks` ([(workload index, record)], as records.jsonl reads them),
+    `workloads` the workload lines of their file."""
+    from tvm.s_tir import meta_schedule as ms
+
     # A tensor-core trace names intrinsics that must be registered before it parses: the records' target's only
     # (all of them cost tens of seconds on a small CPU; once imported, this is free).
     from ..metaschedule_env import import_for_target
 
-    for kind in sorted({r[2].get("kind") for _, r in best.values() if len(r) > 2 and isinstance(r[2], dict)} - {None}):
+    for kind in sorted({r[2].get("kind") for _, r in picks if len(r) > 2 and isinstance(r[2], dict)} - {None}):
         import_for_target(kind)
     database = ms.database.MemoryDatabase()
-    for index, (_, record) in sorted(best.items()):
+    for index, record in picks:
         workload = ms.database.Workload.from_json(workloads[index])
         parsed = ms.database.TuningRecord.from_json(record, workload)
         database.commit_tuning_record(ms.database.TuningRecord(

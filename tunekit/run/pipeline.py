@@ -240,13 +240,12 @@ class Pipeline:
         choice as `main`, and runs the variant that is fastest where it is loaded (deploy.variants):
         on the H100 no static choice came within 5% at both 20% and 100% for MobileNetV2 or ResNet-50."""
         from ..records.baselines import read_baselines
-        from ..records.database import open_database
         from .robust import PER_TASK, pick_robust_artifact, regret_matrix, robust_records
 
         first = group[0]
         weights = {t["workload_hash"]: t.get("weight", 1) for r in results for t in r.report.get("tasks", [])
                    if t.get("workload_hash")}
-        chosen, rows, estimate = robust_records({job.label: open_database(job.db_dir) for job in group},
+        chosen, rows, estimate = robust_records({job.label: job.db_dir for job in group},
                                                 {job.label: read_baselines(job.db_dir) for job in group}, weights)
         per_task = os.path.join(self.out, f"{loaded.name}-robust-per-task.so")
         self._measure(first, sessions[first.label], path=per_task, database=chosen, what="the share-robust model")

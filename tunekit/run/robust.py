@@ -17,34 +17,40 @@ UNTUNED = "untuned"
 PER_TASK = "robust-per-task"  # the matrix's name for the model compiled from the per-task choice
 
 
-def _latencies(databases: dict) -> dict:
-    """{workload key: {trace key: {share: us}}} and the record of each trace, over every share's database."""
-    from ..clients.search_loop import trace_key
-    from ..records.baselines import workload_key
+def _latencies(db_dirs: dict) -> tuple[dict, dict]:
+    """{workload key: {trace key: {share: us}}} over every share's records, and where each (workload key, trace
+    key) was read: (its file's workload lines, workload index, record). Read from the lines (records.jsonl):
+    opening each share's JSONDatabase parsed every trial's trace, 15 s per 1,024 fp16 records on the H100 machine
+    (benchmarks/results/open-records). A candidate measured at every share has the same trace in each file."""
+    from ..records.baselines import key_of_hash
     from ..records.database import mean_run_us
+    from ..records.jsonl import read_records, read_workloads
 
     table: dict = {}
-    records: dict = {}
-    for label, database in databases.items():
-        for record in database.get_all_tuning_records():
-            us = mean_run_us(record.run_secs)
-            if us is None:
+    where: dict = {}
+    for label, db_dir in db_dirs.items():
+        workloads = read_workloads(db_dir)
+        for line in read_records(db_dir):
+            us = mean_run_us(line.run_secs)
+            if us is None or not 0 <= line.workload < len(workloads) or workloads[line.workload] is None:
                 continue
-            wk, tk = workload_key(record.workload.mod), trace_key(record.trace)
+            wk, tk = key_of_hash(workloads[line.workload][0]), line.trace_text()
             table.setdefault(wk, {}).setdefault(tk, {})[label] = us
-            records.setdefault((wk, tk), record)
-    return table, records
+            where.setdefault((wk, tk), (workloads, line.workload, line.record))
+    return table, where
 
 
-def robust_records(databases: dict, baselines: dict, weights: dict) -> tuple:
+def robust_records(db_dirs: dict, baselines: dict, weights: dict) -> tuple:
     """(a MemoryDatabase of the chosen records, one row per task, the estimate as a dict).
-    `databases`: share -> its database; `baselines`: share -> {workload key: untuned us};
+    `db_dirs`: share -> its database dir; `baselines`: share -> {workload key: untuned us};
     `weights`: workload key -> how often the model runs the task. Every candidate measured at every
     share can be chosen, not only a share's best: one good at both ends is often the best at neither."""
     from tvm.s_tir import meta_schedule as ms
 
-    shares = list(databases)
-    table, records = _latencies(databases)
+    from ..records.database import parse_records
+
+    shares = list(db_dirs)
+    table, where = _latencies(db_dirs)
     tasks = {}
     for wk, traces in table.items():
         candidates = {tk: lat for tk, lat in traces.items() if all(s in lat for s in shares)}
@@ -66,10 +72,11 @@ def robust_records(databases: dict, baselines: dict, weights: dict) -> tuple:
                      "candidates": len(tasks[wk]), "worst_regret": max(regret.values()), "regret": regret,
                      "us": {s: round(row[s], 3) for s in shares}})
         if candidate != UNTUNED:
-            record = records[(wk, candidate)]
+            workloads, index, record = where[(wk, candidate)]
+            (parsed,) = parse_records(workloads, [(index, record)]).get_all_tuning_records()
             chosen.commit_tuning_record(ms.database.TuningRecord(
-                record.trace, chosen.commit_workload(record.workload.mod), record.run_secs, record.target,
-                record.args_info))
+                parsed.trace, chosen.commit_workload(parsed.workload.mod), parsed.run_secs, parsed.target,
+                parsed.args_info))
     estimate = {"worst_regret": round(model.worst_regret, 4), "lower_bound": round(model.lower_bound, 4),
                 "regret": {s: round(r, 4) for s, r in model.regret.items()},
                 "best_kernel_sum_us": {s: round(b, 2) for s, b in model.best_sum.items()}}
