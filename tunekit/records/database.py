@@ -108,13 +108,13 @@ def open_database(path: str, *, create: bool = True, read_only: bool = False):
 def open_best_records(path: str, *, create: bool = True):
     """A MemoryDatabase of each workload's best valid record in the share's database dir at `path` (the
     record JSONDatabase.get_top_k(workload, 1) returns; on equal means the first in the file), for
-    compiling a model. Opening the whole JSONDatabase parses every trial's trace: 17 s for ResNet-18's
-    1,024 fp16 records (35 MB) on the development machine, most of a GPU tune's finish. Here only the
-    lines are read, and one trace per workload is parsed."""
+    compiling a model. Opening the whole JSONDatabase parses every trial's trace: 15 s for ResNet-18's
+    1,024 fp16 records (37 MB) on the H100 machine, of a 49.5 s finish (benchmarks/results/open-records).
+    Here only the lines are read, and one trace per workload is parsed."""
     if not create and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     workloads = read_workloads(path)
-    best: dict[int, tuple[float, list]] = {}  # workload index -> (mean run s, record)
+    best: dict[int, tuple[float, list]] = {}  # workload index -> (mean run us, record)
     for line in read_records(path):
         mean = _valid_mean(line.run_secs, line.trace)
         if mean is not None and 0 <= line.workload < len(workloads) and workloads[line.workload] is not None \
@@ -144,20 +144,16 @@ def parse_records(workloads: list, picks: list[tuple[int, list]]):
 
 
 def _valid_mean(run_secs, trace) -> float | None:
-    """The mean run time MetaSchedule sorts a record by, or None where TuningRecord.IsValid says no: no
-    measured time (every entry the failed-run stub) or no scheduling instruction before the postprocessing."""
-    times = [float(t) for t in run_secs or [] if isinstance(t, (int, float))]
-    if not times or all(t == FAILED_RUN_SECS for t in times):
+    """The mean run time (us) MetaSchedule sorts a record by, or None where TuningRecord.IsValid says no: no
+    measured time (mean_run_us) or no scheduling instruction before the postprocessing."""
+    us = mean_run_us([t for t in run_secs or [] if isinstance(t, (int, float))])
+    if us is None:
         return None
     instructions = trace[0] if isinstance(trace, list) and trace else []
-    steps = 0
-    for inst in instructions:
-        if isinstance(inst, list) and inst and inst[0] == "EnterPostproc":
-            break
-        steps += 1
-    if not steps:
+    first = instructions[0] if instructions else None
+    if not isinstance(first, list) or not first or first[0] == "EnterPostproc":  # nothing, or postprocessing only
         return None
-    return sum(times) / len(times)
+    return us
 
 
 def repaired_bytes(path: str) -> int:
