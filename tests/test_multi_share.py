@@ -63,7 +63,12 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     # it as `main`, beside every share's schedules, and runs at each share the variant fastest there.
     static = robust["static_choice"]
     statics = {k: v for k, v in robust["matrix"].items() if k != "robust"}
-    assert static in statics and statics[static]["worst_regret"] == min(r["worst_regret"] for r in statics.values())
+    # Among the static artifacts, as measured before the robust one: the matrix's regrets are over the best of all
+    # rows, the robust one's too, which can move a share's best and reorder close statics (1.0144 vs 1.0125 in CI).
+    shares = ("cpu50", "cpu100")
+    best = {s: min(v["latency_ms"][s] for v in statics.values()) for s in shares}
+    worst = {k: max(v["latency_ms"][s] / best[s] for s in shares) for k, v in statics.items()}
+    assert static in statics and worst[static] == min(worst.values())
     expected = {"cpu50", "cpu100"} | ({"robust-per-task"} if static == "robust-per-task" else set())
     assert set(robust["variants"]) == expected
     assert all(robust["variants"][label] == "main__" + label.replace("-", "_") for label in expected)
