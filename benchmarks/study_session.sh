@@ -12,7 +12,7 @@
 #   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
-#   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease)
+#   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
 #   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
 #           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
@@ -74,7 +74,8 @@ case "$1" in
         scaling) echo "python3 benchmarks/search_scaling.py --model /tmp/vs/resnet18.onnx --configs ${SCALING:-1x16,2x8,4x4}" \
                       "--tasks 4 --batches 2 --json $R/search_scaling.json > $R/search_scaling.log 2>&1; echo \"scaling rc=\$?\";" \
                       "grep '^|' $R/search_scaling.log > $R/search_scaling.md" ;;
-        r18|r18b) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
+        r18|r18b|r18c) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
+             [ $step = r18c ] && flags=${R18C_FLAGS:?R18C_FLAGS}
              echo "mkdir -p $R/$step-gpu40"
              echo "python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${R18_TRIALS:-256}" \
                   "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"

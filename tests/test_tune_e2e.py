@@ -132,6 +132,7 @@ def test_gpu_tune_at_40_percent_sees_fewer_sms(example_model, tmp_path):
     assert env["sm_count_at_share"] < tvm.cuda(0).multi_processor_count
     # the servers launch kernels from a core of their own; the builds and the search stay off it
     phases = json.loads(proc.stdout)["report"]["phases"]
+    assert phases["pipeline"]["depth"] == 4  # the CUDA default (TuneConfig.pipeline_depth_for)
     import os
 
     if len(os.sched_getaffinity(0)) >= 4:

@@ -332,6 +332,18 @@ def test_engine_create_takes_names_and_objects():
         Engine.create("turbo")
 
 
+def test_a_cuda_search_keeps_four_batches_in_flight_by_default_and_a_config_overrides_it():
+    """The pipeline depth measured on the H100 (benchmarks/results/h100-pipeline-depth) is the CUDA default;
+    CPU overlap keeps 2; a YAML value wins on both."""
+    from tunekit.config import TuneConfig
+
+    assert TuneConfig().pipeline_depth_for("cuda") == 4 and TuneConfig().pipeline_depth_for("llvm") == 2
+    assert TuneConfig(pipeline_depth=3).pipeline_depth_for("cuda") == 3
+    assert TuneConfig(pipeline_depth=1).pipeline_depth_for("llvm") == 1
+    with pytest.raises(TunekitError, match="pipeline_depth"):
+        TuneConfig(pipeline_depth=0)
+
+
 def test_server_launcher_create_takes_names_and_objects():
     from tunekit.servers.launcher import ServerLauncher, StockServerLauncher, WarmServerLauncher
 

@@ -37,9 +37,10 @@ class TuneConfig:
     builder_workers: int | None = None  # default: the cores this process may use
     build_timeout_s: float = 120.0
     overlap: bool | str = "auto"     # build batch N+1 while N is measured; auto: GPU, or CPU with spare cores
-    # Batches in flight when overlapping (None: 2). With 2, the build pool idles whenever both batches wait for their
-    # measurement or the loop searches: on the H100, fp16 ResNet-18 at 1,024 trials, the loop waited 0.10-0.15 s a
-    # trial for batches while the machine's CPUs were not all busy (benchmarks/results/h100-search-cpu).
+    # Batches in flight when overlapping (None: 4 on CUDA, 2 on CPU). With 2, the build pool idled whenever both
+    # batches waited for their measurement or the loop searched: on the H100, fp16 ResNet-18 at 1,024 trials, 4 took
+    # the loop's wait for batches from 0.165 to 0.065 s a trial and the run from 0.420 to 0.285 s a trial, with the
+    # same tuned latency (benchmarks/results/h100-pipeline-depth). CPU overlap keeps 2: not measured there.
     pipeline_depth: int | None = None
     measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
     # Which task gets the next batch (clients.scheduler): "gradient" (warm-up round, then Ansor's
@@ -119,6 +120,11 @@ class TuneConfig:
         if self.search_batches is not None:
             return self.search_batches
         return 4 if target_kind == "cuda" else 1
+
+    def pipeline_depth_for(self, target_kind: str) -> int:
+        if self.pipeline_depth is not None:
+            return self.pipeline_depth
+        return 4 if target_kind == "cuda" else 2
 
     def init_samples_for(self, target_kind: str) -> int:
         if self.search_init_samples is not None:

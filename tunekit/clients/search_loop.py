@@ -217,7 +217,7 @@ class SearchLoop:
         self.req = request
         self.builder, self.runner, self.cost_model = builder, runner, cost_model
         self.search_threads = search_threads
-        self.depth = (request.config.pipeline_depth or 2) if overlap else 1
+        self.depth = request.config.pipeline_depth_for(request.target.kind.name) if overlap else 1
         self.most_in_flight = 0  # the most batches that were in flight at once (report: phases.pipeline)
         self.phases = PhaseTimes()
         self.device_type = "cuda" if request.target.kind.name == "cuda" else "cpu"
