@@ -10,6 +10,7 @@ the target's module keeps every name the schedule rules look up and skips the re
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -52,5 +53,73 @@ def import_for_target(kind: str) -> None:
         package.__package__ = _PACKAGE
         sys.modules[_PACKAGE] = package
         tvm.s_tir.tensor_intrin = package
-    for module in _BY_TARGET_KIND.get(kind, ()):
-        importlib.import_module(f"{_PACKAGE}.{module}")
+    with _lazy_frame_stacks():
+        for module in _BY_TARGET_KIND.get(kind, ()):
+            importlib.import_module(f"{_PACKAGE}.{module}")
+
+
+class _LazyFrameStack:
+    """What `inspect.stack()` returns (index, slice, len, iteration), with each FrameInfo made when it is
+    read. TVMScript's `T.prim_func` takes the whole stack of its caller and reads only a frame or two of
+    it; `inspect.stack()` reads every frame's source line, and each read scans `sys.modules`. That was 3/4
+    of parsing the CUDA tensor intrinsics: 4.5 s -> 1.2 s on the 2-core machine, the same intrinsics
+    registered (tests/test_search_target.py), and the main process and every build worker parse them."""
+
+    def __init__(self, frame, context: int):
+        self._frames, self._context, self._infos = [], context, {}
+        while frame is not None:
+            self._frames.append(frame)
+            frame = frame.f_back
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def _info(self, index: int):
+        import inspect
+
+        if index not in self._infos:
+            frame = self._frames[index]
+            where = inspect.getframeinfo(frame, self._context)
+            self._infos[index] = inspect.FrameInfo(frame, *where, positions=where.positions)
+        return self._infos[index]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [self._info(i) for i in range(*key.indices(len(self._frames)))]
+        index = key + len(self._frames) if key < 0 else key
+        if not 0 <= index < len(self._frames):
+            raise IndexError(key)
+        return self._info(index)
+
+    def __iter__(self):
+        return (self._info(i) for i in range(len(self._frames)))
+
+
+class _InspectWithLazyStack(types.ModuleType):
+    """`inspect` as TVMScript's prim_func parser sees it while the intrinsics are imported."""
+
+    def __init__(self, real):
+        super().__init__(real.__name__)
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @staticmethod
+    def stack(context: int = 1):
+        return _LazyFrameStack(sys._getframe(1), context)
+
+
+@contextlib.contextmanager
+def _lazy_frame_stacks():
+    """Only the parser's own module sees the lazy stack, and only during the import."""
+    import inspect
+
+    from tvm.tirx.script.parser import entry
+
+    before = entry.inspect
+    entry.inspect = _InspectWithLazyStack(inspect)
+    try:
+        yield
+    finally:
+        entry.inspect = before
