@@ -19,6 +19,9 @@
 #           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs).
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
+#   budgets per model: tuned at BUDGET_PCTS (default 40; 40,100: one search measured at both) for TIME_STEPS
+#           (default 600,1200) more seconds each, resumed on one out dir: issue 13's 10- and 30-minute columns
+#           (report-<seconds of tuning>.json per step; RESUME_DIR + BUDGET_DONE_S go on from an earlier lease)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model>, TIME_S_<model>, FLAGS_<model> override per model.
 #           RESUME_DIR=D: D/records-<model>.tgz (an earlier lease's study) is unpacked and goes on (--resume;
@@ -93,6 +96,23 @@ case "$1" in
              # where the tuned model's time goes, kernel by kernel, as the whole model runs
              echo "python3 benchmarks/kernel_profile.py /tmp/vs/$m.onnx --gpu-pct 40 --records $W/$m-gpu40/records-gpu40" \
                   "--json $R/$m-gpu40/kernel_profile.json > $R/$m-gpu40/kernel_profile.md 2> $R/$m-gpu40/kernel_profile.log"
+           done ;;
+        budgets) for m in ${MODELS//,/ }; do  # issue 13's 10- and 30-minute columns, one search for BUDGET_PCTS
+             # TIME_STEPS (default 600,1200): each step a `tunekit tune --resume --time-budget` of that many more
+             # seconds of tuning on the same out dir, its report kept as report-<seconds so far>.json (the
+             # checkpoints). RESUME_DIR=D: D/records-<model>-budgets.tgz (an earlier lease's) goes on, and
+             # BUDGET_DONE_S says how many seconds of tuning it already had.
+             run=$m-budgets; done_s=${BUDGET_DONE_S:-0}; pcts=${BUDGET_PCTS:-40}
+             echo "mkdir -p $R/$run $W/$run"
+             resume=""; earlier=${RESUME_DIR:-}/records-$run.tgz
+             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$run"
+             steps=${TIME_STEPS:-600,1200}
+             for t in ${steps//,/ }; do done_s=$((done_s + t))
+               echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct $pcts --trials 100000 --trials-per-iter 16" \
+                    "--time-budget $t $resume --out $W/$run --json > $R/$run/tune-$done_s.json 2> $R/$run/tune-$done_s.log"
+               echo "echo \"$run tune to ${done_s}s rc=\$?\"; cp $W/$run/report.json $R/$run/report-$done_s.json 2>/dev/null"
+               resume="--resume"
+             done
            done ;;
         study) for m in ${MODELS//,/ }; do
              echo "mkdir -p $R/$m $W/$m"
