@@ -21,7 +21,7 @@
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   budgets per model: tuned at BUDGET_PCTS (default 40; 40,100: one search measured at both) for TIME_STEPS
 #           (default 600,1200) more seconds each, resumed on one out dir: issue 13's 10- and 30-minute columns
-#           (report-<seconds of tuning>.json per step; RESUME_DIR + BUDGET_DONE_S go on from an earlier lease)
+#           (report[-gpu<P>]-<seconds of tuning>.json per step; RESUME_DIR + BUDGET_DONE_S go on from an earlier lease)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model>, TIME_S_<model>, FLAGS_<model> override per model.
 #           RESUME_DIR=D: D/records-<model>.tgz (an earlier lease's study) is unpacked and goes on (--resume;
@@ -110,7 +110,9 @@ case "$1" in
              for t in ${steps//,/ }; do done_s=$((done_s + t))
                echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct $pcts --trials 100000 --trials-per-iter 16" \
                     "--time-budget $t $resume --out $W/$run --json > $R/$run/tune-$done_s.json 2> $R/$run/tune-$done_s.log"
-               echo "echo \"$run tune to ${done_s}s rc=\$?\"; cp $W/$run/report.json $R/$run/report-$done_s.json 2>/dev/null"
+               # report.json, and with several shares report-gpu<P>.json each: kept as <name>-<seconds so far>.json
+               echo "echo \"$run tune to ${done_s}s rc=\$?\"; for f in $W/$run/report*.json; do" \
+                    "cp \$f $R/$run/\$(basename \$f .json)-$done_s.json; done"
                resume="--resume"
              done
            done ;;

@@ -8,6 +8,8 @@ skips what is already there; a tuning run continues with `tunekit tune --resume 
   python benchmarks/vs_pytorch.py pytorch --models resnet18 --pcts 40,100 --work /tmp/vs --results DIR
   python benchmarks/vs_pytorch.py untuned --models resnet18 --pcts 40,100 --work /tmp/vs --results DIR
   python benchmarks/vs_pytorch.py tune    --models resnet18 --pcts 40 --budgets 600,1800 --call-s 540 ...
+  python benchmarks/vs_pytorch.py checkpoints --models resnet50 --from STUDYRES --results DIR
+                                   # study_session.sh's `budgets` step (one process across device calls)
   python benchmarks/vs_pytorch.py table   --results DIR          # -> DIR/vs_pytorch.md
 
 Models come from benchmarks/torch_models.py (random weights, seed 0; BERT-base at sequence 128).
@@ -159,6 +161,39 @@ class Bench:
                 json.dump(report, fh, indent=1, default=str)
 
 
+    def checkpoints(self) -> None:
+        """The checkpoints of study_session.sh's `budgets` step (one process chain across device calls, each
+        step a resumed tune of more seconds): report[-gpu<P>]-<seconds of tuning so far>.json per step. A run
+        of several shares (one search measured at each) gives each share's column; the table says so."""
+        import glob
+        import re
+
+        for name in self.args.models:
+            run_dir = os.path.join(self.args.source, f"{name}-budgets")
+            found: dict[str, dict[int, str]] = {}  # share label -> {seconds: report path}
+            for path in glob.glob(os.path.join(run_dir, "report*-*.json")):
+                match = re.fullmatch(r"report(?:-((?:gpu|cpu)\d+))?-(\d+)\.json", os.path.basename(path))
+                if match:
+                    found.setdefault(match.group(1) or "", {})[int(match.group(2))] = path
+            several = len([label for label in found if label]) > 1
+            for label, by_seconds in found.items():
+                if several and not label:
+                    continue  # the combined report of a several-share run: each share has its own
+                trials = 0
+                for seconds in sorted(by_seconds):
+                    with open(by_seconds[seconds]) as fh:
+                        report = json.load(fh)
+                    share = label or report["share"]
+                    entry = self.model(name)["tunekit"].setdefault(share, {})
+                    trials += report["trials"]["measured"]
+                    entry.setdefault("untuned_ms", report["latency_ms"]["untuned"]["median_ms"])
+                    entry["checkpoints"] = [c for c in entry.get("checkpoints", []) if c["budget_s"] != seconds]
+                    entry["checkpoints"].append({"budget_s": seconds, **_summary(report), "trials": trials,
+                                                 **({"measured_with": report.get("measured_with")} if several else {})})
+                    entry["checkpoints"].sort(key=lambda c: c["budget_s"])
+            self.save()
+
+
 def _summary(report: dict) -> dict:
     tasks = report["tasks"]
     return {"tuned_ms": report["latency_ms"]["tuned"]["median_ms"],
@@ -215,6 +250,9 @@ def table(state: dict) -> str:
             mine = entry["tunekit"].get(share, {})
             tuned = "; ".join(f"{c['budget_s'] / 60:.0f} min: {c['trials']}, {c['tuned_ms']:.3f}"
                               for c in mine.get("checkpoints", []))
+            joint = (mine.get("checkpoints") or [{}])[-1].get("measured_with")
+            if joint:  # one search whose every candidate was measured at each of these shares
+                tuned += f" (one search, measured at {'+'.join(joint)})"
             last = (mine.get("checkpoints") or [{}])[-1].get("tuned_ms") or mine.get("untuned_ms")
             ratio = f"{last / best:.2f}" if last and best else ""
             lines.append(f"| {name} | {share} | " + " | ".join(_ms(c) for c in cells)
@@ -240,7 +278,7 @@ def _error_lines(state: dict) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["export", "pytorch", "untuned", "tune", "table", "all"])
+    parser.add_argument("step", choices=["export", "pytorch", "untuned", "tune", "checkpoints", "table", "all"])
     parser.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,bert")
     parser.add_argument("--pcts", default="40,100")
     parser.add_argument("--variants", default="eager-fp32,graphs-fp32,compile-fp32,eager-fp16,graphs-fp16,compile-fp16")
@@ -254,6 +292,8 @@ def main(argv=None) -> None:
     parser.add_argument("--tune-flags", default="", help="more `tunekit tune` flags, space-separated")
     parser.add_argument("--work", default="/tmp/vs")
     parser.add_argument("--results", default="benchmarks/results/h100-vs-pytorch")
+    parser.add_argument("--from", dest="source", help="checkpoints: a study_session `budgets` result dir "
+                        "(<model>-budgets/report[-gpu<P>]-<seconds>.json)")
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.pcts = [int(p) for p in args.pcts.split(",") if p]
