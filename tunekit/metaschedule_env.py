@@ -63,7 +63,7 @@ class _LazyFrameStack:
     read. TVMScript's `T.prim_func` takes the whole stack of its caller and reads only a frame or two of
     it; `inspect.stack()` reads every frame's source line, and each read scans `sys.modules`. That was 3/4
     of parsing the CUDA tensor intrinsics: 4.5 s -> 1.2 s on the 2-core machine, the same intrinsics
-    registered (tests/test_search_target.py), and the main process and every build worker parse them."""
+    registered (tests/test_metaschedule_env.py), and the main process and every build worker parse them."""
 
     def __init__(self, frame, context: int):
         self._frames, self._context, self._infos = [], context, {}
@@ -80,7 +80,8 @@ class _LazyFrameStack:
         if index not in self._infos:
             frame = self._frames[index]
             where = inspect.getframeinfo(frame, self._context)
-            self._infos[index] = inspect.FrameInfo(frame, *where, positions=where.positions)
+            positions = {"positions": where.positions} if hasattr(where, "positions") else {}  # Python 3.11+
+            self._infos[index] = inspect.FrameInfo(frame, *where, **positions)
         return self._infos[index]
 
     def __getitem__(self, key):
