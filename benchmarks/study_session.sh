@@ -13,6 +13,9 @@
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
+#   coord   coordinator_scaling.py on ResNet-18 at 40%: COORD_SETUPS (default 2x2x1,4x2x2: 1 GPU against 2, issue
+#           14's 2-GPU target), each GPU with COORD_CORES cores (default 16, the H100 machine's), COORD_TRIALS
+#           trials (default 256), and the single process without Ray; resumable (setups in its JSON are kept)
 #   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
 #           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
@@ -59,7 +62,7 @@ case "$1" in
       rm -rf /tmp/tt-before && cp -r "$TT_BEFORE" /tmp/tt-before && TT_BEFORE=/tmp/tt-before
     fi
     TORCH_MODELS=${TORCH_MODELS:-$MODELS}; [ "$TORCH_MODELS" = none ] && TORCH_MODELS=""
-    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* || ,$STEPS, == *,tt,* ]] && echo resnet18); do
+    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* || ,$STEPS, == *,tt,* || ,$STEPS, == *,coord,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
@@ -83,6 +86,10 @@ case "$1" in
              echo "python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${R18_TRIALS:-256}" \
                   "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"
              echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
+        coord) echo "python3 benchmarks/coordinator_scaling.py --model /tmp/vs/resnet18.onnx --gpu-pct 40" \
+                    "--trials ${COORD_TRIALS:-256} --trials-per-iter 16 --setups ${COORD_SETUPS:-2x2x1,4x2x2}" \
+                    "--cores-per-gpu ${COORD_CORES:-16} --keep-reports $R/coord-reports" \
+                    "--results $R/coordinator_scaling.md > $R/coordinator_scaling.log 2>&1; echo \"coord rc=\$?\"" ;;
         tt) echo "python3 benchmarks/tuning_time.py --model /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${TT_TRIALS:-32}" \
                  "--trials-per-iter 16 --engines ${TT_ENGINES:-tunekit,before} ${TT_BEFORE:+--before-src $TT_BEFORE}" \
                  "--results $R/tuning_time.md > $R/tuning_time.log 2>&1; echo \"tt rc=\$?\"" ;;
