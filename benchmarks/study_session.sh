@@ -23,7 +23,7 @@
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   budgets per model: tuned at BUDGET_PCTS (default 40; 40,100: one search measured at both) for TIME_STEPS
-#           (default 600,1200) more seconds each, resumed on one out dir: issue 13's 10- and 30-minute columns
+#           (default 600,1200; TIME_STEPS_<model> for one) more seconds each, resumed on one out dir: issue 13's 10- and 30-minute columns
 #           (report[-gpu<P>]-<seconds of tuning>.json per step; RESUME_DIR + BUDGET_DONE_S go on from an earlier lease)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model>, TIME_S_<model>, FLAGS_<model> override per model.
@@ -39,8 +39,11 @@
 #   compare per model: `share_study.py compare`: the study's artifact at each share against the search alone
 #           (issue 15's "within 3% of a separate search"), rounds alternating, one process. Without a `study`
 #           step, the study's records come from RESUME_DIR/records-<model>.tgz and its artifacts are compiled
+# LANES="STEPS[:MODELS];STEPS[:MODELS]" instead of STEPS: lane i runs its steps (for its MODELS) on GPU i with the
+# i-th slice of the cores, the lanes side by side, e.g. LANES="tt;budgets:resnet18" on nvidia-h100-x2.
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
-# $OUT/records-<run>.tgz (a device call brings back only a few files, so everything travels as tarballs).
+# $OUT/records-<run>.txz.part-* (a device call brings back only a few files of at most 16 MiB, so everything
+# travels as tarballs). RESUME_DIR may hold either form: records-<run>.tgz or records-<run>.txz.part-*.
 set -uo pipefail
 export PYTHONPATH=/root/site:$PWD CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 OUT=${OUT:-/tmp/study-out}; R=/tmp/studyres; W=/tmp/study; mkdir -p "$OUT" "$R" "$W" /tmp/vs
@@ -49,13 +52,32 @@ copy() {
   for d in "$W"/*/; do
     [ -d "$d" ] || continue
     run=$(basename "$d"); dbs=$(cd "$d" && ls -d records-* 2>/dev/null)
-    [ -n "$dbs" ] && tar czf "$OUT/records-$run.tgz" -C "$d" $dbs 2>/dev/null
+    # xz, not gzip: each share's records repeat the same traces, which only xz's window spans (ResNet-18's
+    # 2 x 4,235 records: 25 MB gzipped, 1.9 MB in xz); in parts of at most 15 MiB, a device call's file limit
+    rm -f "$OUT/records-$run".txz.part-*
+    [ -n "$dbs" ] && tar cf - -C "$d" $dbs 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/records-$run.txz.part-"
   done; true
 }
 trap copy EXIT
 case "$1" in
   start)
+    # An earlier lease's records (RESUME_DIR): records-<run>.tgz, or records-<run>.txz.part-* (put together here)
+    if [ -n "${RESUME_DIR:-}" ]; then
+      rm -rf /tmp/resume && mkdir -p /tmp/resume && cp "$RESUME_DIR"/*.tgz /tmp/resume/ 2>/dev/null
+      for part in "$RESUME_DIR"/*.txz.part-aa; do
+        [ -f "$part" ] && cat "${part%aa}"* > "/tmp/resume/$(basename "${part%.part-aa}")"
+      done
+      RESUME_DIR=/tmp/resume
+    fi
+    # records_file NAME: the earlier lease's NAME.txz or NAME.tgz (tar xf reads either), or nothing
+    records_file() { for f in "${RESUME_DIR:-/nonexistent}/$1".txz "${RESUME_DIR:-/nonexistent}/$1".tgz; do [ -f "$f" ] && { echo "$f"; return; }; done; }
     MODELS=${MODELS:-resnet18}; STEPS=${STEPS:-study}; VARIANTS_MODELS=${VARIANTS_MODELS:-}
+    if [ -n "${LANES:-}" ]; then  # the exports below need every lane's steps and models
+      STEPS=""; lane_models=""
+      IFS=';' read -ra lanes <<< "$LANES"
+      for lane in "${lanes[@]}"; do STEPS="$STEPS,${lane%%:*}"; [[ $lane == *:* ]] && lane_models="$lane_models,${lane#*:}"; done
+      STEPS=${STEPS#,}; MODELS=${lane_models#,}; MODELS=${MODELS:-resnet18}
+    fi
     # A carried TT_BEFORE (e.g. .oldtk) leaves the checkout at the next device call (each call's tree
     # copy drops what an earlier call carried), long before the tt step runs: keep a copy under /tmp.
     if [ -n "${TT_BEFORE:-}" ] && [ -d "$TT_BEFORE" ] && [ -z "${DRY:-}" ]; then
@@ -68,9 +90,9 @@ case "$1" in
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
     [ -n "${DRY:-}" ] || [ -z "$TORCH_MODELS" ] || python3 benchmarks/vs_pytorch.py pytorch --models "$TORCH_MODELS" --pcts ${TORCH_PCTS:-40} \
       --variants graphs-fp32,graphs-fp16 --work /tmp/vs --results "$R" --call-s 240 2>&1 | grep -v "^\$" | tail -3
-    {
-      echo "set -u"
-      for step in ${STEPS//,/ }; do case $step in
+    # emit_steps STEPS: the chain's commands for those steps, for MODELS
+    emit_steps() {
+      for step in ${1//,/ }; do case $step in
         pytest) echo "timeout ${PYTEST_S:-600} python3 -m pytest -q -rfE --tb=short -m gpu ${PYTEST_ARGS:-tests} > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
         attn) for m in ${MODELS//,/ }; do
              echo "python3 benchmarks/attention_fusion.py --model /tmp/vs/$m.onnx --gpu-pct ${ATTN_PCTS:-40,100}" \
@@ -95,8 +117,8 @@ case "$1" in
                  "--results $R/tuning_time.md > $R/tuning_time.log 2>&1; echo \"tt rc=\$?\"" ;;
         tune40) for m in ${MODELS//,/ }; do  # each model tuned at 40% alone (issue 13's tuned column)
              echo "mkdir -p $R/$m-gpu40 $W/$m-gpu40"
-             resume=""; earlier=${RESUME_DIR:-}/records-$m-gpu40.tgz
-             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$m-gpu40"
+             resume=""; earlier=$(records_file records-$m-gpu40)
+             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xf $earlier -C $W/$m-gpu40"
              echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${TRIALS:-1000} --trials-per-iter 16" \
                   "--time-budget ${TIME_S:-600} $resume --out $W/$m-gpu40 --json > $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
              echo "echo \"$m-gpu40 tune rc=\$?\"; cp $W/$m-gpu40/report.json $R/$m-gpu40/ 2>/dev/null"
@@ -111,9 +133,10 @@ case "$1" in
              # BUDGET_DONE_S says how many seconds of tuning it already had.
              run=$m-budgets; done_s=${BUDGET_DONE_S:-0}; pcts=${BUDGET_PCTS:-40}
              echo "mkdir -p $R/$run $W/$run"
-             resume=""; earlier=${RESUME_DIR:-}/records-$run.tgz
-             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$run"
-             steps=${TIME_STEPS:-600,1200}
+             resume=""; earlier=$(records_file records-$run)
+             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xf $earlier -C $W/$run"
+             [ -z "$resume" ] && done_s=0  # BUDGET_DONE_S is for the runs that go on, not a lane's fresh model
+             steps=TIME_STEPS_$m; steps=${!steps:-${TIME_STEPS:-600,1200}}  # TIME_STEPS_<model> for one model
              for t in ${steps//,/ }; do done_s=$((done_s + t))
                echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct $pcts --trials 100000 --trials-per-iter 16" \
                     "--time-budget $t $resume --out $W/$run --json > $R/$run/tune-$done_s.json 2> $R/$run/tune-$done_s.log"
@@ -126,8 +149,8 @@ case "$1" in
         study) for m in ${MODELS//,/ }; do
              echo "mkdir -p $R/$m $W/$m"
              # an earlier lease's study of this model (RESUME_DIR/records-<model>.tgz) goes on with --resume
-             resume=""; earlier=${RESUME_DIR:-}/records-$m.tgz
-             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xzf $earlier -C $W/$m"
+             resume=""; earlier=$(records_file records-$m)
+             [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xf $earlier -C $W/$m"
              # per-model overrides, e.g. TRIALS_resnet18=160 TIME_S_bert=330 FLAGS_mobilenet_v2="--precision fp32"
              trials=TRIALS_$m; time_s=TIME_S_$m; flags=FLAGS_$m
              echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 20,40,100 --robust --trials ${!trials:-${TRIALS:-1000}}" \
@@ -138,10 +161,10 @@ case "$1" in
              echo "echo \"$m matrix rc=\$?\"; cp $W/$m/study_matrix.* $R/$m/ 2>/dev/null"
            done ;;
         alone) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do  # issue 15: a search for each share alone, to compare with the study
-             todo=""; rec=${RESUME_DIR:-}/records-alone-$m.tgz; echo "mkdir -p $R/$m"
+             todo=""; rec=$(records_file records-alone-$m); echo "mkdir -p $R/$m"
              pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
-               if [ -n "${RESUME_DIR:-}" ] && tar tzf "$rec" 2>/dev/null | grep "^records-gpu$p/" > /dev/null; then
-                 echo "mkdir -p $W/alone-$m-rec && tar xzf $rec -C $W/alone-$m-rec records-gpu$p"
+               if [ -n "${RESUME_DIR:-}" ] && tar tf "$rec" 2>/dev/null | grep "^records-gpu$p/" > /dev/null; then
+                 echo "mkdir -p $W/alone-$m-rec && tar xf $rec -C $W/alone-$m-rec records-gpu$p"
                  echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/alone-$m-rec --share gpu$p" \
                       "--out $W/alone-$m-rec/$m-gpu$p.so > $R/$m/alone-compile-gpu$p.log 2>&1; echo \"alone $m gpu$p compiled rc=\$?\") &"
                else todo="$todo,$p"; fi
@@ -154,7 +177,7 @@ case "$1" in
                   "cp \$f $R/$m/alone-\$(basename \$f); done"
            done ;;
         variants) for m in ${VARIANTS_MODELS:-${MODELS//,/ }}; do
-             echo "mkdir -p $W/$m $R/$m && tar xzf ${RESUME_DIR:?RESUME_DIR}/records-$m.tgz -C $W/$m"
+             echo "mkdir -p $W/$m $R/$m && tar xf $(records_file records-$m) -C $W/$m"
              for p in 20 40 100; do
                echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
                     "> $R/$m/compile-gpu$p.log 2>&1; echo \"$m gpu$p compiled rc=\$?\") &"
@@ -167,9 +190,9 @@ case "$1" in
            done ;;
         compare) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do
              # a study of an earlier lease (RESUME_DIR/records-<model>.tgz): its per-share artifacts compiled again
-             study=${RESUME_DIR:-}/records-$m.tgz
+             study=$(records_file records-$m)
              if [[ ,$STEPS, != *,study,* ]] && [ -n "${RESUME_DIR:-}" ] && [ -f "$study" ]; then
-               echo "mkdir -p $W/$m $R/$m && tar xzf $study -C $W/$m"
+               echo "mkdir -p $W/$m $R/$m && tar xf $study -C $W/$m"
                pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
                  echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
                       "> $R/$m/study-compile-gpu$p.log 2>&1; echo \"study $m gpu$p compiled rc=\$?\") &"
@@ -183,8 +206,26 @@ case "$1" in
            done ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
       esac; done
-      echo "echo chain done"
-    } > /tmp/study-chain.sh
+    }
+    if [ -n "${LANES:-}" ]; then
+      # Each lane is a chain of its own on one GPU and its slice of the cores (CUDA_VISIBLE_DEVICES=i, taskset),
+      # the lanes side by side: one 2-GPU machine does two H100 machines' work (16 cores each on nvidia-h100-x2).
+      IFS=';' read -ra lanes <<< "$LANES"; per=$(( $(nproc) / ${#lanes[@]} ))
+      for i in "${!lanes[@]}"; do
+        lane=${lanes[$i]}; models=$MODELS; [[ $lane == *:* ]] && models=${lane#*:}
+        { echo "set -u"; MODELS=$models emit_steps "${lane%%:*}"; echo "echo \"lane $i done\""; } > /tmp/study-lane-$i.sh
+      done
+      {
+        echo "set -u"
+        for i in "${!lanes[@]}"; do
+          echo "CUDA_VISIBLE_DEVICES=$i taskset -c $((i * per))-$((i * per + per - 1)) bash /tmp/study-lane-$i.sh 2>&1 | sed -u 's/^/[gpu$i] /' &"
+        done
+        echo "wait; echo chain done"
+      } > /tmp/study-chain.sh
+      [ -n "${DRY:-}" ] && cat /tmp/study-lane-*.sh
+    else
+      { echo "set -u"; emit_steps "$STEPS"; echo "echo chain done"; } > /tmp/study-chain.sh
+    fi
     [ -n "${DRY:-}" ] && { cat /tmp/study-chain.sh; exit 0; }  # DRY=1: print the chain, run nothing
     setsid nohup bash /tmp/study-chain.sh > "$R/chain.log" 2>&1 < /dev/null &
     echo "study chain in the background (pid $!): $STEPS"
