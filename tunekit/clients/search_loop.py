@@ -37,6 +37,7 @@ from ..records.database import commit_workload_durably, mean_run_us
 from ..targets import search_target
 from . import callbacks, first_look
 from ..metaschedule_env import prepare_metaschedule_logging
+from .design_spaces import generate_design_spaces
 from .scheduler import TaskScheduler, TaskState, mark_negligible
 
 log = logging.getLogger("tunekit.search")
@@ -276,7 +277,7 @@ class SearchLoop:
         for i, (task, ctx, weight) in enumerate(zip(extracted, contexts, weights)):
             ctx.pre_tuning(max_trials=max_trials,
                            num_trials_per_iter=config.trials_per_iter * config.search_batches_for(kind),
-                           design_spaces=ctx.generate_design_space(), database=lane.database,
+                           design_spaces=generate_design_spaces(ctx), database=lane.database,
                            cost_model=lane.cost_model)
             state = TaskState(i, task.task_name, float(weight), ctx, commit_workload_durably(lane.database, ctx.mod),
                               flops=task_flops(ctx.mod), family=task_family(task.task_name))

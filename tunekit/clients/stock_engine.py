@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from .design_spaces import stock_seed
 from .measurement import TuningOutcome
 from .progress import make_progress_callback
 
@@ -28,8 +29,11 @@ class StockEngine:
 
         prepare_metaschedule_logging()
         threads = len(measurement.share_cores) if measurement.share_cores else max(1, len(os.sched_getaffinity(0)))
+        # TVM's tensor-core tiling rule fails on some seeds' draws, and Tune cannot retry (clients.design_spaces)
+        seed, passed_over = stock_seed(tasks, work_dir, threads=threads, seed=config.seed)
+        prepare_metaschedule_logging()
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            tasks, work_dir, num_threads=threads, seed=config.seed)
+            tasks, work_dir, num_threads=threads, seed=seed)
         callback = make_progress_callback(progress=progress, task_names=[t.task_name for t in tasks])
         builder = ms.builder.LocalBuilder(max_workers=config.builder_workers or max(1, len(os.sched_getaffinity(0))),
                                           timeout_sec=config.build_timeout_s)
@@ -46,7 +50,8 @@ class StockEngine:
                 for i, task in enumerate(tasks)]
         return TuningOutcome(callback.done, callback.failed, wall, rows, engine=self.name,
                              phases={"wall_s": round(wall, 3),
-                                     "stock_runner": stock_runner_kind(measurement.device_kind, config)})
+                                     "stock_runner": stock_runner_kind(measurement.device_kind, config),
+                                     "seed": seed, **({"seeds_passed_over": passed_over} if passed_over else {})})
 
     @staticmethod
     def _runner(measurement, config):
