@@ -75,6 +75,8 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "tuned_ms": report["latency_ms"]["tuned"]["median_ms"],
             "tuned_std_ms": report["latency_ms"]["tuned"].get("std_ms"),
             "server_restarts": report.get("server_restarts", 0),
+            # when each client was done, in seconds from the start: how balanced its shards were
+            "shards_done_s": [s.get("done_s") for s in report["coordinator"]["shards"]] if clients is not None else [],
             "client_nodes": sorted({f"{p['ip']} ({p['cores']} cores, {p['build_workers']} build workers)"
                                     for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
                                     if "build_workers" in p}) if clients is not None else []}
@@ -83,17 +85,18 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
-             "trials/s vs first | tuned latency (ms) | latency vs first |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | |")
             continue
         speed = f"{r['trials_per_s'] / base['trials_per_s']:.2f}x" if base else ""
         lat = f"{r['tuned_ms'] / base['tuned_ms']:.3f}" if base else ""
         lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r.get('cores', '')} | {r['tuning_wall_s']:.1f} | "
                      f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
-                     f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} |")
+                     f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} | "
+                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)} |")
     return "\n".join(lines)
 
 

@@ -58,6 +58,7 @@ class _ShareRun:
     placements: dict = field(default_factory=dict)   # shard index -> where each start of its client ran
     started: float = 0.0
     wall_s: float = 0.0
+    done_s: dict = field(default_factory=dict)       # shard index -> seconds from the start to its result
 
     @property
     def label(self) -> str:
@@ -428,6 +429,7 @@ class RayExecutor:
         shard (its call must be made again); what it measured counts against its budgets."""
         try:
             run.outcomes[shard] = ray.get(ref)
+            run.done_s[shard] = round(time.time() - run.started, 3)  # when its client went idle: the balance
             return False
         except ray.exceptions.RayActorError as exc:
             # The client process died (killed, OOM, node lost). Its shard is on disk.
@@ -465,19 +467,22 @@ class RayExecutor:
 
     def _spend_leftover(self, ray, run: _ShareRun) -> None:
         """Trials released after every other client had finished: give them to clients whose tasks
-        are not exhausted, so the --trials budget is spent when the search still can use it."""
-        for shard in sorted(run.outcomes, key=lambda s: -sum(not t.get("exhausted") for t in run.outcomes[s]["tasks"])):
-            if ray.get(run.pool.status.remote())["available"] <= 0:
-                return
+        are not exhausted, so the --trials budget is spent when the search still can use it. The
+        clients draw from the pool side by side (one after another, the others' cores sat idle)."""
+        if ray.get(run.pool.status.remote())["available"] <= 0:
+            return
+        calls = {}
+        for shard in sorted(run.outcomes):
             rows = {t["name"]: t for t in run.outcomes[shard]["tasks"]}
             open_specs = [p for p in run.plans if p.client == shard and p.budget > 0
                           and not rows.get(p.name, {}).get("exhausted")]
-            if not open_specs:
-                continue
-            extra = ray.get(run.clients[shard].tune.remote(
-                tasks=[_task_spec(run.job.tasks[p.index]) for p in open_specs], budgets=[0] * len(open_specs),
-                pool=run.pool, improving_only=False, measure_untuned=False))
-            fold_extra(run.outcomes[shard], extra)
+            if open_specs:
+                calls[shard] = run.clients[shard].tune.remote(
+                    tasks=[_task_spec(run.job.tasks[p.index]) for p in open_specs], budgets=[0] * len(open_specs),
+                    pool=run.pool, improving_only=False, measure_untuned=False)
+        for shard, ref in calls.items():
+            fold_extra(run.outcomes[shard], ray.get(ref))
+            run.done_s[shard] = round(time.time() - run.started, 3)
 
     # ---------------------------------------------------------------- results
     def _outcome(self, ray, run: _ShareRun) -> TuningOutcome:

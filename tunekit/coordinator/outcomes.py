@@ -52,6 +52,7 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "budget": sum(p.budget for p in plans if p.client == s),
                         "estimated_cost": sum(p.cost for p in plans if p.client == s),
                         "trials": run.outcomes[s]["trials_done"],
+                        "done_s": run.done_s.get(s),  # seconds from the start until this shard's client was done
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
