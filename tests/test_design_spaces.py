@@ -107,9 +107,10 @@ def test_gpu_tunes_survive_seeds_that_draw_the_failing_tiles(conv_model, tmp_pat
     tasks = _tasks(conv_model, target_for(Share("gpu", 40)))
     for engine, as_stock in (("tunekit", False), ("stock", True)):
         bad = _failing_seed(tasks, tmp_path, as_stock=as_stock)
+        print(f"{engine}: seed {bad} draws the failing tiles", flush=True)  # shown when the test fails
         out = tmp_path / engine
-        proc = run_cli("tune", conv_model, "--gpu-pct", "40", "--trials", "8", "--seed", str(bad), "--engine", engine,
-                       "--out", out, "--json")
+        proc = run_cli("tune", conv_model, "--gpu-pct", "40", "--trials", "4", "--seed", str(bad), "--engine", engine,
+                       "--out", out, "--json", timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         report = json.loads(proc.stdout)["report"]
         assert report["trials"]["measured"] >= 1
