@@ -15,7 +15,8 @@
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
 #   coord   coordinator_scaling.py on ResNet-18 at 40%: COORD_SETUPS (default 2x2x1,4x2x2: 1 GPU against 2, issue
 #           14's 2-GPU target), each GPU with COORD_CORES cores (default 16, the H100 machine's), COORD_TRIALS
-#           trials (default 256), and the single process without Ray; resumable (setups in its JSON are kept)
+#           trials (default 256), and the single process without Ray (COORD_FLAGS=--no-single-process: not);
+#           resumable (setups in its JSON are kept)
 #   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
 #           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
@@ -110,7 +111,7 @@ case "$1" in
              echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
         coord) echo "python3 benchmarks/coordinator_scaling.py --model /tmp/vs/resnet18.onnx --gpu-pct 40" \
                     "--trials ${COORD_TRIALS:-256} --trials-per-iter 16 --setups ${COORD_SETUPS:-2x2x1,4x2x2}" \
-                    "--cores-per-gpu ${COORD_CORES:-16} --keep-reports $R/coord-reports" \
+                    "--cores-per-gpu ${COORD_CORES:-16} ${COORD_FLAGS:-} --keep-reports $R/coord-reports" \
                     "--results $R/coordinator_scaling.md > $R/coordinator_scaling.log 2>&1; echo \"coord rc=\$?\"" ;;
         tt) echo "python3 benchmarks/tuning_time.py --model /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${TT_TRIALS:-32}" \
                  "--trials-per-iter 16 --engines ${TT_ENGINES:-tunekit,before} ${TT_BEFORE:+--before-src $TT_BEFORE}" \
