@@ -77,6 +77,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "server_restarts": report.get("server_restarts", 0),
             # when each client was done, in seconds from the start: how balanced its shards were
             "shards_done_s": [s.get("done_s") for s in report["coordinator"]["shards"]] if clients is not None else [],
+            # and how long each client took to start searching (its done_s minus its search loop's wall)
+            "shards_start_s": [round(s["done_s"] - s["search_wall_s"], 1) for s in report["coordinator"]["shards"]
+                               if s.get("done_s") is not None and "search_wall_s" in s] if clients is not None else [],
             "client_nodes": sorted({f"{p['ip']} ({p['cores']} cores, {p['build_workers']} build workers)"
                                     for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
                                     if "build_workers" in p}) if clients is not None else []}
@@ -85,18 +88,19 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
-             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | |")
             continue
         speed = f"{r['trials_per_s'] / base['trials_per_s']:.2f}x" if base else ""
         lat = f"{r['tuned_ms'] / base['tuned_ms']:.3f}" if base else ""
         lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r.get('cores', '')} | {r['tuning_wall_s']:.1f} | "
                      f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
                      f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} | "
-                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)} |")
+                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)} | "
+                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} |")
     return "\n".join(lines)
 
 
