@@ -77,9 +77,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "server_restarts": report.get("server_restarts", 0),
             # when each client was done, in seconds from the start: how balanced its shards were
             "shards_done_s": [s.get("done_s") for s in report["coordinator"]["shards"]] if clients is not None else [],
-            # and how long each client took to start searching (its done_s minus its search loop's wall)
-            "shards_start_s": [round(s["done_s"] - s["search_wall_s"], 1) for s in report["coordinator"]["shards"]
-                               if s.get("done_s") is not None and "search_wall_s" in s] if clients is not None else [],
+            # and when each client's search began: what starting the clients cost
+            "shards_start_s": [s["search_started_s"] for s in report["coordinator"]["shards"]
+                               if s.get("search_started_s") is not None] if clients is not None else [],
             "client_nodes": sorted({f"{p['ip']} ({p['cores']} cores, {p['build_workers']} build workers)"
                                     for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
                                     if "build_workers" in p}) if clients is not None else []}

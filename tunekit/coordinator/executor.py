@@ -59,6 +59,8 @@ class _ShareRun:
     started: float = 0.0
     wall_s: float = 0.0
     done_s: dict = field(default_factory=dict)       # shard index -> seconds from the start to its result
+    # shard index -> seconds from the start until its client's search began (what starting the client cost)
+    search_started_s: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -430,6 +432,8 @@ class RayExecutor:
         try:
             run.outcomes[shard] = ray.get(ref)
             run.done_s[shard] = round(time.time() - run.started, 3)  # when its client went idle: the balance
+            # taken now: a leftover round later moves done_s, and the search's own wall does not cover the start
+            run.search_started_s[shard] = round(max(0.0, run.done_s[shard] - run.outcomes[shard]["wall_s"]), 3)
             return False
         except ray.exceptions.RayActorError as exc:
             # The client process died (killed, OOM, node lost). Its shard is on disk.

@@ -53,9 +53,9 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "estimated_cost": sum(p.cost for p in plans if p.client == s),
                         "trials": run.outcomes[s]["trials_done"],
                         "done_s": run.done_s.get(s),  # seconds from the start until this shard's client was done
-                        # its search loop's own wall: done_s minus this is what the client spent starting (Ray
-                        # actor, TVM import, build workers), which more GPUs do not shorten
-                        "search_wall_s": round(run.outcomes[s].get("wall_s", 0.0), 3),
+                        # when its client's search began: what starting it cost (Ray actor, TVM import, build
+                        # workers), which more GPUs do not shorten
+                        "search_started_s": run.search_started_s.get(s),
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
