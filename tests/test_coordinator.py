@@ -159,8 +159,9 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
         # database: a client restarted mid-run reports only its own trials, not its predecessor's.
         assert per_task.get(task["workload_hash"], 0) >= 1 or task["exhausted"] or task["negligible"], task
     assert sum(t["extra"] for t in report["tasks"]) == coord["pool"]["reassigned"]
-    # When each client was done (how balanced the shards were): within the tuning wall
-    assert all(0 < shard["done_s"] <= report["tuning_wall_s"] for shard in coord["shards"]), coord["shards"]
+    # When each client was done (how balanced the shards were): within the tuning wall, which the report rounds
+    # to 0.01 s (done_s to 0.001: the last client's done_s can be up to 0.005 s past it)
+    assert all(0 < shard["done_s"] <= report["tuning_wall_s"] + 0.005 for shard in coord["shards"]), coord["shards"]
     # and when each client's search began (after its start, before it was done)
     assert all(0 < shard["search_started_s"] < shard["done_s"] for shard in coord["shards"]), coord["shards"]
     # Every task was tuned by exactly one client, and the shards cover all tasks.
