@@ -9,6 +9,9 @@ its clients' start-up), plus, for reference, the single-process engine without R
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --trials 48 --setups 1x1,1x2,2x2
   # each GPU with its own 16 cores, as if every GPU came with a machine of its own (1 GPU: cores 0-15, 2: 0-31):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 1x2x1,2x2x2 --cores-per-gpu 16
+  # the same, but while the 1-GPU setup runs, GPU 1 runs its own copy of it on cores 16-31 (the machine as loaded
+  # as with both GPUs busy: a VM's CPUs may be hardware threads, and then an idle half lends the other its cores):
+  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1+busy --cores-per-gpu 16
   # clients on CPU nodes of a cluster, fleets on its GPU node (README: Clients where the CPUs are):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 4x2x1,8x2x2 --no-single-process \
       --ray-address HEAD:6379 --client-nodes tunekit_client --rpc-secret-file ~/.tunekit-secret
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,8 +43,88 @@ def setup_cores(gpus: int, cores_per_gpu: int | None) -> list[int] | None:
     return allowed[:want]
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, from /proc/stat (0, 0 where there is none)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """How busy the machine's CPUs were between two cpu_jiffies() readings, in % of all of them."""
+    total = after[1] - before[1]
+    return round(100.0 * (after[0] - before[0]) / total, 1) if total > 0 else None
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds a process and its living descendants have used (Ray's workers, build workers, servers)."""
+    import psutil
+
+    used = 0.0
+    try:
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+                used += times.user + times.system + times.children_user + times.children_system
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return used
+
+
+def start_neighbours(label: str, clients: int, servers: int, gpus: int, model: str, share_flag: list[str], args,
+                     workdir: str) -> list[subprocess.Popen]:
+    """`+busy`: every GPU the setup leaves free runs a copy of the setup's per-GPU part (its clients over its
+    GPUs, the same servers) on that GPU only and its own --cores-per-gpu cores, with more trials than the
+    setup, so it is still tuning when the setup ends. Stopped (killed) when the setup is done."""
+    from tunekit.coordinator.fleet_actor import visible_gpus
+
+    if not args.cores_per_gpu:
+        raise SystemExit("+busy needs --cores-per-gpu (the cores each GPU's copy runs on)")
+    allowed = sorted(os.sched_getaffinity(0))
+    procs = []
+    for gpu in visible_gpus()[gpus:]:
+        lane = visible_gpus().index(gpu)
+        cores = allowed[lane * args.cores_per_gpu:(lane + 1) * args.cores_per_gpu]
+        if len(cores) < args.cores_per_gpu:
+            raise SystemExit(f"+busy: GPU {gpu} would get {len(cores)} cores, not {args.cores_per_gpu}")
+        out = os.path.join(workdir, f"{label}-neighbour-gpu{gpu}")
+        cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials * 4),
+               "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed + 1 + gpu),
+               "--servers", str(servers), "--clients", str(max(1, clients // max(1, gpus))), "--gpus", str(gpu),
+               "--out", out]
+        log = open(os.path.join(args.keep_reports, os.path.basename(out) + ".log") if args.keep_reports
+                   else out + ".log", "w")
+        print(f"[{label}] neighbour on GPU {gpu}, cores {cores[0]}-{cores[-1]}: {' '.join(cmd[3:])}", file=sys.stderr,
+              flush=True)
+        # its own session: killing it takes its Ray, build workers and servers along (and tunekit's reaper the rest)
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+                                      preexec_fn=lambda c=cores: os.sched_setaffinity(0, c)))
+    return procs
+
+
+def stop_neighbours(procs: list[subprocess.Popen]) -> list[str]:
+    """Each neighbour's state when the setup ended ("tuning, N CPU-s", or how it had ended: a copy that failed
+    early left its GPU's cores idle, and then the setup did not run on a busy machine)."""
+    states = []
+    for proc in procs:
+        states.append(f"tuning, {tree_cpu_s(proc.pid):.0f} CPU-s" if proc.poll() is None
+                      else f"exited early (rc {proc.returncode})")
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return states
+
+
 def run_setup(label: str, clients: int | None, servers: int, model: str, share_flag: list[str], args,
-              workdir: str, gpus: int = 0) -> dict:
+              workdir: str, gpus: int = 0, busy: bool = False) -> dict:
     out = os.path.join(workdir, label)
     cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials),
            "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed), "--servers", str(servers),
@@ -55,10 +139,18 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
                 cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     cores = setup_cores(gpus, args.cores_per_gpu)
-    started = time.time()
-    # Ray, its workers and the build pools inherit the affinity: Ray counts these cores as the node's CPUs
-    proc = subprocess.run(cmd, capture_output=True, text=True,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    neighbours = start_neighbours(label, clients or 1, servers, max(1, gpus), model, share_flag, args, workdir) \
+        if busy else []
+    started, jiffies = time.time(), cpu_jiffies()
+    try:
+        # Ray, its workers and the build pools inherit the affinity: Ray counts these cores as the node's CPUs
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        machine_busy = busy_pct(jiffies, cpu_jiffies())
+    finally:
+        neighbour_states = stop_neighbours(neighbours)
+    if neighbour_states:
+        print(f"[{label}] neighbours when it ended: {', '.join(neighbour_states)}", file=sys.stderr, flush=True)
     if proc.returncode != 0:
         return {"label": label, "error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "failed"}
     report = json.loads(proc.stdout)["report"]
@@ -68,6 +160,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             json.dump(report, fh, indent=1)
     return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
             "cores": len(cores) if cores else len(os.sched_getaffinity(0)),
+            "neighbours": neighbour_states,
+            # how busy all of the machine's CPUs were meanwhile (the setup's cores and any others)
+            "machine_busy_pct": machine_busy,
             "tuning_wall_s": report["tuning_wall_s"], "process_wall_s": round(time.time() - started, 1),
             "trials": report["trials"]["measured"], "failed": report["trials"]["failed"],
             "trials_per_s": round(report["trials"]["measured"] / report["tuning_wall_s"], 3),
@@ -88,19 +183,24 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
-             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
+             "machine CPUs busy | neighbours |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | |")
             continue
+        if any(not state.startswith("tuning") for state in r.get("neighbours") or []):  # its machine was not busy after all
+            r = {**r, "label": f"{r['label']} (a neighbour {', '.join(r['neighbours'])})"}
         speed = f"{r['trials_per_s'] / base['trials_per_s']:.2f}x" if base else ""
         lat = f"{r['tuned_ms'] / base['tuned_ms']:.3f}" if base else ""
         lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r.get('cores', '')} | {r['tuning_wall_s']:.1f} | "
                      f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
                      f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} | "
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)} | "
-                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} |")
+                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
+                     f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "
+                     f"{'; '.join(r.get('neighbours') or [])} |")
     return "\n".join(lines)
 
 
@@ -113,8 +213,9 @@ def main() -> None:
     parser.add_argument("--trials-per-iter", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--setups", default="1x1,2x1,4x1,2x2",
-                        help="CLIENTSxSERVERS[xGPUS] list through Ray (the first is the reference); "
-                             "servers are per GPU, GPUS uses devices 0..GPUS-1")
+                        help="CLIENTSxSERVERS[xGPUS][+busy] list through Ray (the first is the reference); "
+                             "servers are per GPU, GPUS uses devices 0..GPUS-1; +busy: each other GPU runs a copy "
+                             "of the setup's per-GPU part meanwhile (needs --cores-per-gpu)")
     parser.add_argument("--keep-reports", help="copy each setup's report.json into this folder")
     parser.add_argument("--cores-per-gpu", type=int,
                         help="run a setup of G GPUs on the first G x N cores only (each GPU brings its own cores)")
@@ -132,13 +233,17 @@ def main() -> None:
     rows = [r for r in rows if "error" not in r]
     with tempfile.TemporaryDirectory(prefix="tunekit-scaling-") as workdir:
         model = model_path(args.model, workdir)
-        setups = [[int(x) for x in s.split("x")] + [0] for s in args.setups.split(",")]
-        for clients, servers, gpus, *_ in setups:
-            label = f"{clients} client(s) x {servers} server(s)" + (f" x {gpus} GPU(s)" if gpus else "")
+        for setup in args.setups.split(","):
+            shape, _, mode = setup.partition("+")
+            if mode not in ("", "busy"):
+                raise SystemExit(f"--setups {setup}: after + only 'busy' (the other GPUs run copies of it)")
+            clients, servers, gpus, *_ = [int(x) for x in shape.split("x")] + [0]
+            label = f"{clients} client(s) x {servers} server(s)" + (f" x {gpus} GPU(s)" if gpus else "") \
+                + (", other GPUs busy" if mode else "")
             if label in done:
                 print(f"[{label}] kept from {args.results}", file=sys.stderr)
                 continue
-            rows.append(run_setup(label, clients, servers, model, share_flag, args, workdir, gpus))
+            rows.append(run_setup(label, clients, servers, model, share_flag, args, workdir, gpus, busy=bool(mode)))
             _save(args, rows)
         if not args.no_single_process and "1 process, no Ray" not in done:
             rows.append(run_setup("1 process, no Ray", None, 1, model, share_flag, args, workdir))

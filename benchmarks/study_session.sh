@@ -14,6 +14,7 @@
 #   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
+#   cores   lscpu, each CPU's hardware-thread siblings and benchmarks/core_probe.py (are the CPUs whole cores?)
 #   coord   coordinator_scaling.py on ResNet-18 at 40%: COORD_SETUPS (default 2x2x1,4x2x2: 1 GPU against 2, issue
 #           14's 2-GPU target), each GPU with COORD_CORES cores (default 16, the H100 machine's), COORD_TRIALS
 #           trials (default 768: the clients' start-up is part of the tuning wall and does not shrink with more
@@ -111,6 +112,8 @@ case "$1" in
              echo "python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${R18_TRIALS:-256}" \
                   "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"
              echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
+        cores) echo "{ lscpu; grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort -V; } > $R/lscpu.txt 2>&1"
+               echo "python3 benchmarks/core_probe.py --seconds 2 > $R/core_probe.md 2>&1; echo \"cores rc=\$?\"" ;;
         coord) echo "python3 benchmarks/coordinator_scaling.py --model /tmp/vs/resnet18.onnx --gpu-pct 40" \
                     "--trials ${COORD_TRIALS:-768} --trials-per-iter 16 --setups ${COORD_SETUPS:-2x2x1,4x2x2}" \
                     "--cores-per-gpu ${COORD_CORES:-16} ${COORD_FLAGS:-} --keep-reports $R/coord-reports" \

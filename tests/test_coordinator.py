@@ -27,6 +27,26 @@ def test_allocate_trials_is_exact_and_favours_heavy_tasks():
     assert planning.allocate_trials([], 10) == []
 
 
+def test_reserve_goes_to_the_pool_only_with_several_clients_and_leaves_every_task_a_batch():
+    # 768 ResNet-18 trials, 21 tasks, 4 clients: half in the pool at the start
+    assert planning.reserve_trials(768, tasks=21, clients=4, trials_per_iter=16) == 384
+    assert planning.reserve_trials(768, tasks=21, clients=1, trials_per_iter=16) == 0  # nobody to balance
+    # what every task's first batch needs stays in the budgets
+    assert planning.reserve_trials(16, tasks=5, clients=4, trials_per_iter=2) == 6
+    assert planning.reserve_trials(40, tasks=21, clients=2, trials_per_iter=16) == 0
+    assert planning.reserve_trials(0, tasks=3, clients=2, trials_per_iter=1) == 0
+
+
+def test_clients_on_a_node_get_cores_of_their_own():
+    cores = list(range(16, 48))  # a node whose clients may use cores 16-47
+    slices = [planning.client_cores(cores, slot, 8) for slot in range(4)]
+    assert slices[0] == list(range(16, 24)) and slices[3] == list(range(40, 48))
+    assert len({c for s in slices for c in s}) == 32  # disjoint, and every core used
+    # more clients' workers than cores (4 clients of 1 worker on the 2-core CI machine): they wrap round
+    assert [planning.client_cores([0, 1], slot, 1) for slot in range(4)] == [[0], [1], [0], [1]]
+    assert planning.client_cores([], 0, 4) == []
+
+
 def test_shards_are_balanced_by_cost_not_by_count():
     plans = [planning.TaskPlan(i, f"t{i}", 1, flops, budget=1) for i, flops in enumerate([100.0, 1, 1, 1, 1, 1])]
     shards = planning.shard_tasks(plans, 2)
@@ -136,6 +156,15 @@ def four_clients(example_model, tmp_path_factory):
     return json.loads(proc.stdout)["report"], str(out)
 
 
+def _expand(ranges: str) -> list[int]:
+    """"0-3,8" -> [0, 1, 2, 3, 8]"""
+    cores = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        cores += list(range(int(first), int(last or first) + 1))
+    return cores
+
+
 def _records_per_workload(db_dir):
     """{workload hash: trials}, and the distinct (workload, trace) pairs."""
     keys = record_keys(db_dir)
@@ -159,9 +188,19 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
         # database: a client restarted mid-run reports only its own trials, not its predecessor's.
         assert per_task.get(task["workload_hash"], 0) >= 1 or task["exhausted"] or task["negligible"], task
     assert sum(t["extra"] for t in report["tasks"]) == coord["pool"]["reassigned"]
+    # The pool started with a reserve (plan.reserve_trials: half of the 16 trials, less what leaves every task a
+    # first batch of 2) and the clients drew all of it, with what tasks gave back: nothing was left at the end
+    assert coord["pool"]["reserve"] == min(8, 16 - 2 * len(report["tasks"])) > 0, coord["pool"]
+    assert coord["pool"]["reassigned"] == coord["pool"]["reserve"] + coord["pool"]["released"], coord["pool"]
+    assert coord["pool"]["available"] == 0
     # When each client was done (how balanced the shards were): within the tuning wall, which the report rounds
     # to 0.01 s (done_s to 0.001: the last client's done_s can be up to 0.005 s past it)
     assert all(0 < shard["done_s"] <= report["tuning_wall_s"] + 0.005 for shard in coord["shards"]), coord["shards"]
+    # Each client searched and built on cores of its own (as many as its build workers), not on all of them
+    rows = [row for shard in coord["shards"] for row in shard["ran_on"]]
+    assert all(len(_expand(row["client_cores"])) == row["build_workers"] for row in rows), rows
+    assert len({c for row in rows for c in _expand(row["client_cores"])}) == min(
+        rows[0]["cores"], sum(row["build_workers"] for row in rows)), rows
     # and when each client's search began (after its start, before it was done)
     assert all(0 < shard["search_started_s"] < shard["done_s"] for shard in coord["shards"]), coord["shards"]
     # Every task was tuned by exactly one client, and the shards cover all tasks.

@@ -33,8 +33,10 @@ class SearchEngine:
     life of a client, so several search calls (the coordinator's leftover rounds) reuse them."""
 
     def __init__(self, *, builder, runner, cost_model, cores: list[int], overlap: bool,
-                 share_cost_models: dict | None = None, measurement_cores: list[int] | None = None):
+                 share_cost_models: dict | None = None, measurement_cores: list[int] | None = None,
+                 search_threads: int | None = None):
         self.builder, self.runner, self.cost_model = builder, runner, cost_model
+        self.search_threads = search_threads or len(cores)  # the evolutionary search's threads (TuneContext)
         self.share_cost_models = share_cost_models or {}  # measure every share: the other shares' models
         self.cores, self.overlap = cores, overlap
         self.measurement_cores = measurement_cores  # where the servers run (None: not pinned)
@@ -48,11 +50,12 @@ class SearchEngine:
         from .search_loop import run_search
 
         return run_search(request, builder=self.builder, runner=self.runner, cost_model=self.cost_model,
-                          search_threads=len(self.cores), overlap=self.overlap,
+                          search_threads=self.search_threads, overlap=self.overlap,
                           share_cost_models=self.share_cost_models)
 
     def describe(self) -> dict:
         return {"overlap": self.overlap, "build_workers": self.builder.workers, "build_cores": list(self.cores),
+                "search_threads": self.search_threads,
                 "measurement_cores": self.measurement_cores, "hung_candidates": self.runner.hangs,
                 "build_profile": self.builder.profile.summary()}
 
@@ -94,11 +97,12 @@ def _multi_share_runner(measurements: dict, config: TuneConfig):
 
 def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_dir: str,
                 cores: list[int] | None = None, build_workers: int | None = None,
-                other_shares: dict | None = None) -> SearchEngine:
+                other_shares: dict | None = None, search_threads: int | None = None) -> SearchEngine:
     """tunekit's engine for `target`, measuring on `measurement`'s fleets. `cores`: where building and
     searching may run (default: this process's cores, off a CPU share's cores when overlapping).
     `other_shares`: {label: Measurement} of more shares every candidate is also measured at (each
-    with its own cost model); `measurement` is then the first share's."""
+    with its own cost model); `measurement` is then the first share's. `search_threads`: the
+    evolutionary search's threads (default: one per core of `cores`)."""
     from .build_pool import BuildPool
     from ..metaschedule_env import import_for_target, prepare_metaschedule_logging
 
@@ -118,7 +122,7 @@ def make_engine(*, target, measurement: Measurement, config: TuneConfig, work_di
              f", measured at {', '.join([measurement.label, *other_shares])}" if other_shares else "")
     return SearchEngine(builder=builder, runner=runner, cost_model=new_cost_model(), cores=cores, overlap=overlap,
                         share_cost_models={label: new_cost_model() for label in other_shares or {}},
-                        measurement_cores=measurement.share_cores)
+                        measurement_cores=measurement.share_cores, search_threads=search_threads)
 
 
 class TunekitEngine:

@@ -60,12 +60,15 @@ class TuningClientImpl:
         self.engine = None
         self.size(build_workers or len(self.build_cores))
 
-    def size(self, build_workers: int) -> None:
-        """Build workers (and search threads) of this client; before its first tune() call."""
+    def size(self, build_workers: int, cores: list[int] | None = None) -> None:
+        """Build workers (and search threads) of this client, and the cores they and the search run on
+        (None: all this process may use); before its first tune() call."""
         if self.engine is not None:
             log.warning("client %d: build workers already started; size(%d) ignored", self.client_id, build_workers)
             return
         self.build_workers = max(1, build_workers)
+        if cores:
+            self.build_cores = sorted(cores)
         # Ray sets OMP_NUM_THREADS=1 in an actor that asks for <= 1 CPU, and TVM's thread pool falls
         # back to OMP_NUM_THREADS: the evolutionary search then ran on one thread (seen on the H100:
         # 0.24 trials/s against 0.72 in one process). Give the search this client's cores.
@@ -79,7 +82,8 @@ class TuningClientImpl:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "cores": len(os.sched_getaffinity(0)), "pid": os.getpid(), "sees_out": os.path.isdir(run_dir)}
+                "cores": len(os.sched_getaffinity(0)), "core_ids": sorted(os.sched_getaffinity(0)), "pid": os.getpid(),
+                "sees_out": os.path.isdir(run_dir)}
 
     def _setup(self) -> None:
         if self.engine is not None:
@@ -97,8 +101,12 @@ class TuningClientImpl:
         os.sched_setaffinity(0, self.build_cores)  # the search runs in this process
         measurement = Measurement(fleets=_fleet_addresses(self.fleets), device_kind=Share.from_label(self.share_label).kind,
                                   label=self.share_label, shared=self.shared, secret=self.rpc_secret)
+        # The search gets this client's part of the node's cores, as the build pool does, not all of them:
+        # with a search thread per core of the node in every client, 4 clients on 32 cores ran 4 search
+        # threads per core, and 2 clients on 16 cores 2 (so a client was slower the more clients shared it)
         self.engine = make_engine(target=self.target, measurement=measurement, config=self.config,
-                                  work_dir=self.work_dir, cores=self.build_cores, build_workers=self.build_workers)
+                                  work_dir=self.work_dir, cores=self.build_cores, build_workers=self.build_workers,
+                                  search_threads=self.build_workers)
         self.database = open_database(self.shard_dir)
         self.known = open_database(self.known_dir) if self.known_dir and os.path.isdir(self.known_dir) else None
 

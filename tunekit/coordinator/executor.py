@@ -4,8 +4,9 @@
   per group:  fleets (Ray actors on the device's node: GPU at the MPS share / disjoint core sets)
               per share: tasks ──allocate_trials──> budgets ──shard_tasks──> clients (Ray actors on
               the nodes --client-nodes allows, each sized by its node's cores over the clients there)
-              clients tune their shards, measuring on all of the share's servers; unused trials
-              go through the share's pool to tasks that still improve; a client that dies is
+              clients tune their shards, measuring on all of the share's servers; the share's pool
+              starts with a reserve of the trials (several clients) that goes to whichever client is
+              free, and takes what tasks could not use; a client that dies is
               started again on its shard (its records are kept and count against its budgets)
               shards ──merge_shards──> records-<share>
 Everything before and after tuning (untuned and tuned latency, compile, report) is the pipeline's
@@ -58,6 +59,7 @@ class _ShareRun:
     placements: dict = field(default_factory=dict)   # shard index -> where each start of its client ran
     started: float = 0.0
     wall_s: float = 0.0
+    reserve: int = 0    # trials the pool held at the start, for whichever client is free (plan.reserve_trials)
     done_s: dict = field(default_factory=dict)       # shard index -> seconds from the start to its result
     # shard index -> seconds from the start until its client's search began (what starting the client cost)
     search_started_s: dict = field(default_factory=dict)
@@ -73,13 +75,27 @@ def _task_spec(task) -> dict:
     return {"name": task.task_name, "mod": tvm.ir.save_json(task.mod), "weight": int(task.weight)}
 
 
-def plan_share(tasks, *, trials: int, clients: int) -> list[planning.TaskPlan]:
+def plan_share(tasks, *, trials: int, clients: int, trials_per_iter: int) -> tuple[list[planning.TaskPlan], int]:
+    """Each task's budget and client, and the trials the share's pool starts with."""
     plans = [planning.TaskPlan(i, t.task_name, int(t.weight), task_flops(t.mod)) for i, t in enumerate(tasks)]
-    budgets = planning.allocate_trials([p.flops * max(1, p.weight) for p in plans], trials)
+    reserve = planning.reserve_trials(trials, tasks=len(plans), clients=clients, trials_per_iter=trials_per_iter)
+    budgets = planning.allocate_trials([p.flops * max(1, p.weight) for p in plans], trials - reserve)
     for p, b in zip(plans, budgets):
         p.budget = b
     planning.shard_tasks([p for p in plans if p.budget > 0], clients)
-    return plans
+    return plans, reserve
+
+
+def _ranges(cores: list[int]) -> str:
+    """[0, 1, 2, 3, 8, 9] -> "0-3,8-9" (the report's `client_cores`)."""
+    parts, start = [], None
+    for i, core in enumerate(cores):
+        if start is None:
+            start = core
+        if i + 1 == len(cores) or cores[i + 1] != core + 1:
+            parts.append(f"{start}-{core}" if core != start else str(core))
+            start = None
+    return ",".join(parts)
 
 
 def _short(exc: BaseException) -> str:
@@ -177,8 +193,11 @@ class RayExecutor:
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         import ray
 
-        runs = [_ShareRun(job, plans=plan_share(job.tasks, trials=self.config.trials, clients=self.coord.clients))
-                for job in group]
+        runs = []
+        for job in group:
+            plans, reserve = plan_share(job.tasks, trials=self.config.trials, clients=self.coord.clients,
+                                        trials_per_iter=self.config.trials_per_iter)
+            runs.append(_ShareRun(job, plans=plans, reserve=reserve))
         log.info("tuning %s together: %d clients each, %d server(s) per device",
                  ", ".join(r.label for r in runs), self.coord.clients, self.config.servers)
         self._start_fleets(ray, runs)
@@ -381,7 +400,12 @@ class RayExecutor:
         for run, shard, place in landed:
             place["build_workers"] = planning.build_workers_for(place["cores"], place["node_cpus"],
                                                                 on_node[place["node_id"]])
-            run.clients[shard].size.remote(place["build_workers"])
+            # its slot among the clients on its node, in a stable order: each gets cores of its own
+            neighbours = sorted(key for key, node in self._client_node_of.items() if node == place["node_id"])
+            cores = planning.client_cores(place.pop("core_ids"), neighbours.index((run.label, shard)),
+                                          place["build_workers"])
+            place["client_cores"] = _ranges(cores)
+            run.clients[shard].size.remote(place["build_workers"], cores=cores)
         return unplaced
 
     def _shard_dir(self, run: _ShareRun, shard: int) -> str:
@@ -391,6 +415,11 @@ class RayExecutor:
         specs = [p for p in run.plans if p.client == shard and p.budget > 0]
         return run.clients[shard].tune.remote(tasks=[_task_spec(run.job.tasks[p.index]) for p in specs],
                                               budgets=[p.budget for p in specs], pool=run.pool,
+                                              # with a reserve, a client whose budgets are spent draws from the pool
+                                              # for its best task (gradient) whether or not it improved last batch:
+                                              # a client left idle until the others are done is what the reserve
+                                              # is there to prevent
+                                              improving_only=not run.reserve,
                                               measure_untuned=self.config.measure_untuned_tasks,
                                               resume_counts=resume)
 
@@ -406,7 +435,7 @@ class RayExecutor:
         for run in runs:
             # The trial pool lives on the coordinator's node: placed on another node, losing that
             # node lost the pool and stopped the run (ActorUnavailableError; tests/test_faults_ray.py).
-            run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(0)
+            run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(run.reserve)
             run.started = time.time()
             starts += [(run, shard) for shard in sorted({p.client for p in run.plans if p.budget > 0})]
         self._start_clients(ray, starts)  # all at once: each is sized by the clients on its node

@@ -59,4 +59,5 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
-            "pool": pool_status, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}
+            # reserve: what the pool held at the start (plan.reserve_trials); released: what tasks gave back
+            "pool": {**pool_status, "reserve": run.reserve}, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}
