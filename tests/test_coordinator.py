@@ -45,6 +45,10 @@ def test_clients_on_a_node_get_cores_of_their_own():
     # more clients' workers than cores (4 clients of 1 worker on the 2-core CI machine): they wrap round
     assert [planning.client_cores([0, 1], slot, 1) for slot in range(4)] == [[0], [1], [0], [1]]
     assert planning.client_cores([], 0, 4) == []
+    from tunekit.config import CoordinatorConfig
+
+    with pytest.raises(TunekitError, match="--client-cores must be one of shared, split"):
+        CoordinatorConfig(client_cores="pinned")
 
 
 def test_shards_are_balanced_by_cost_not_by_count():
@@ -151,7 +155,7 @@ def test_merge_reindexes_workloads_and_is_idempotent(tmp_path):
 def four_clients(example_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("coord") / "run"
     proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "4", "--trials", "16",
-                   "--trials-per-iter", "2", "--out", out, "--json")
+                   "--trials-per-iter", "2", "--client-cores", "split", "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)["report"], str(out)
 
@@ -196,7 +200,7 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     # When each client was done (how balanced the shards were): within the tuning wall, which the report rounds
     # to 0.01 s (done_s to 0.001: the last client's done_s can be up to 0.005 s past it)
     assert all(0 < shard["done_s"] <= report["tuning_wall_s"] + 0.005 for shard in coord["shards"]), coord["shards"]
-    # Each client searched and built on cores of its own (as many as its build workers), not on all of them
+    # --client-cores split: each client searched and built on cores of its own (as many as its build workers)
     rows = [row for shard in coord["shards"] for row in shard["ran_on"]]
     assert all(len(_expand(row["client_cores"])) == row["build_workers"] for row in rows), rows
     assert len({c for row in rows for c in _expand(row["client_cores"])}) == min(
@@ -291,6 +295,9 @@ def test_fleets_off_loopback_listen_on_the_node_address_and_demand_the_secret(ex
     assert {f["host"] for f in report["coordinator"]["fleets"]} == {ray.util.get_node_ip_address()}
     assert report["trials"]["measured"] == 6 and report["trials"]["failed"] == 0
     assert secret not in proc.stdout + proc.stderr  # never logged
+    # --client-cores shared (the default): each client may use every core of its node
+    rows = [row for shard in report["coordinator"]["shards"] for row in shard["ran_on"]]
+    assert rows and all(len(_expand(row["client_cores"])) == row["cores"] for row in rows), rows
 
 
 def tvm_hash(mod):

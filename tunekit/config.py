@@ -186,6 +186,9 @@ class TuneConfig:
             raise TunekitError(f"server_mode must be 'warm' or 'stock', not {self.server_mode!r}")
 
 
+CLIENT_CORES = ("shared", "split")
+
+
 @dataclass
 class CoordinatorConfig:
     """How a run is spread over Ray: tuning clients per share, GPUs for the servers, the cluster."""
@@ -199,6 +202,14 @@ class CoordinatorConfig:
     # "cpu-only" (nodes without GPUs) or the name of a Ray custom resource that client nodes
     # advertise (e.g. tunekit_client). Fleets stay on the nodes of the device they measure.
     client_nodes: str = "any"
+    # The cores of the clients on one node: "shared" (each client's search and build workers may run on
+    # any of the node's cores; its thread and worker counts are its part of them) or "split" (each client
+    # pinned to a disjoint slice). Measured on 2 x H200 (ResNet-18 at 40%, two leases): split kept the
+    # clients from slowing each other as they grew in number (2 GPUs / 1 GPU 1.68x against 1.49x), but
+    # it did so by slowing the 1-GPU run more (4.13 trials/s against 5.47: a client no longer used the
+    # cores another left idle), and 2 GPUs did fewer trials/s (6.92 against 8.14); so shared by default
+    # (benchmarks/results/h200x2-resnet18-gpu40-coordinator-768).
+    client_cores: str = "shared"
 
     def __post_init__(self):
         if not isinstance(self.clients, int) or isinstance(self.clients, bool) or self.clients < 1:
@@ -206,6 +217,8 @@ class CoordinatorConfig:
         if not isinstance(self.client_nodes, str) or not re.fullmatch(r"[A-Za-z0-9_.:/-]+", self.client_nodes):
             raise TunekitError(f"--client-nodes must be any, cpu-only or a Ray custom resource name such as "
                                f"tunekit_client, got {self.client_nodes!r}")
+        if self.client_cores not in CLIENT_CORES:
+            raise TunekitError(f"--client-cores must be one of {', '.join(CLIENT_CORES)}, got {self.client_cores!r}")
         if self.client_nodes in ("CPU", "GPU", "memory", "object_store_memory"):
             raise TunekitError(f"--client-nodes {self.client_nodes}: name a custom resource that only client "
                                "nodes advertise (e.g. tunekit_client), or use cpu-only")

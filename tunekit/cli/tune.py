@@ -36,6 +36,9 @@ def add_arguments(p) -> None:
                    help="Ray nodes for the tuning clients: any (default, spread), cpu-only (nodes without GPUs) or "
                    "a custom resource that client nodes advertise, e.g. tunekit_client (ray start --resources "
                    "'{\"tunekit_client\": 1}'); for a CPU share those nodes host no runner servers")
+    p.add_argument("--client-cores", choices=["shared", "split"],
+                   help="the cores of the clients on one node: shared (default: each may run on any of them) or "
+                   "split (each pinned to a slice of its own)")
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow the shares on one device to sum past 100%%: this run's shares tuned at the same "
                    "time, and other tunekit jobs on this machine (the ledger refuses a job that would pass 100%%)")
@@ -127,7 +130,7 @@ def coordinator_config(args, *, oversubscribe: bool = False):
     from ..config import CoordinatorConfig
 
     wanted = (args.clients is not None or args.gpus is not None or args.ray_address or os.environ.get("RAY_ADDRESS")
-              or args.client_nodes is not None)
+              or args.client_nodes is not None or args.client_cores is not None)
     if not wanted:
         return None
     gpus = None
@@ -140,7 +143,7 @@ def coordinator_config(args, *, oversubscribe: bool = False):
             raise TunekitError(f"--gpus must be a list of GPU indices such as 0,1, got {args.gpus!r}")
     return CoordinatorConfig(clients=args.clients if args.clients is not None else 2, gpus=gpus,
                              ray_address=args.ray_address, oversubscribe=bool(args.oversubscribe or oversubscribe),
-                             client_nodes=args.client_nodes or "any")
+                             client_nodes=args.client_nodes or "any", client_cores=args.client_cores or "shared")
 
 
 def _tune_slo(args) -> int:
@@ -152,7 +155,7 @@ def _tune_slo(args) -> int:
         raise TunekitError("--slo-max-speedup needs --slo-ms")
     slo_ms = check_slo_ms(args.slo_ms)  # before the model is loaded: a typo fails at once
     ray_flags = [flag for flag, attr in (("--clients", "clients"), ("--gpus", "gpus"), ("--ray-address", "ray_address"),
-                                         ("--client-nodes", "client_nodes"))
+                                         ("--client-nodes", "client_nodes"), ("--client-cores", "client_cores"))
                  if getattr(args, attr, None)]
     if ray_flags:  # the SLO walk tunes one share at a time, in this process: refuse rather than ignore them
         raise TunekitError(f"--slo-ms does not go through the Ray coordinator: drop {', '.join(ray_flags)}")

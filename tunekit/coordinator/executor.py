@@ -400,10 +400,11 @@ class RayExecutor:
         for run, shard, place in landed:
             place["build_workers"] = planning.build_workers_for(place["cores"], place["node_cpus"],
                                                                 on_node[place["node_id"]])
-            # its slot among the clients on its node, in a stable order: each gets cores of its own
-            neighbours = sorted(key for key, node in self._client_node_of.items() if node == place["node_id"])
-            cores = planning.client_cores(place.pop("core_ids"), neighbours.index((run.label, shard)),
-                                          place["build_workers"])
+            cores = place.pop("core_ids")
+            if self.coord.client_cores == "split":
+                # its slot among the clients on its node, in a stable order: each gets cores of its own
+                neighbours = sorted(key for key, node in self._client_node_of.items() if node == place["node_id"])
+                cores = planning.client_cores(cores, neighbours.index((run.label, shard)), place["build_workers"])
             place["client_cores"] = _ranges(cores)
             run.clients[shard].size.remote(place["build_workers"], cores=cores)
         return unplaced
