@@ -103,7 +103,7 @@ class TuningClientImpl:
                                   label=self.share_label, shared=self.shared, secret=self.rpc_secret)
         # The search gets this client's part of the node's cores, as the build pool does, not all of them:
         # with a search thread per core of the node in every client, 4 clients on 32 cores ran 4 search
-        # threads per core, and 2 clients on 16 cores 2 (so a client was slower the more clients shared it)
+        # threads per core, and 2 clients on 16 cores 2: the more clients on a node, the more threads per core
         self.engine = make_engine(target=self.target, measurement=measurement, config=self.config,
                                   work_dir=self.work_dir, cores=self.build_cores, build_workers=self.build_workers,
                                   search_threads=self.build_workers)
