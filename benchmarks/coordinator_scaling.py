@@ -12,6 +12,9 @@ its clients' start-up), plus, for reference, the single-process engine without R
   # the same, but while the 1-GPU setup runs, GPU 1 runs its own copy of it on cores 16-31 (the machine as loaded
   # as with both GPUs busy: a VM's CPUs may be hardware threads, and then an idle half lends the other its cores):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1+busy --cores-per-gpu 16
+  # +shared, +per-gpu or +split: the setup's --client-cores
+  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1,4x2x2+shared,4x2x2+per-gpu \
+      --cores-per-gpu 16
   # clients on CPU nodes of a cluster, fleets on its GPU node (README: Clients where the CPUs are):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 4x2x1,8x2x2 --no-single-process \
       --ray-address HEAD:6379 --client-nodes tunekit_client --rpc-secret-file ~/.tunekit-secret
@@ -29,6 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tuning_time import machine, model_path  # noqa: E402
+
+from tunekit.config import CLIENT_CORES  # noqa: E402
 
 
 def setup_cores(gpus: int, cores_per_gpu: int | None) -> list[int] | None:
@@ -124,7 +129,7 @@ def stop_neighbours(procs: list[subprocess.Popen]) -> list[str]:
 
 
 def run_setup(label: str, clients: int | None, servers: int, model: str, share_flag: list[str], args,
-              workdir: str, gpus: int = 0, busy: bool = False) -> dict:
+              workdir: str, gpus: int = 0, busy: bool = False, client_cores: str | None = None) -> dict:
     out = os.path.join(workdir, label)
     cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials),
            "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed), "--servers", str(servers),
@@ -133,6 +138,8 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         cmd += ["--clients", str(clients)]
     if gpus:
         cmd += ["--gpus", ",".join(str(g) for g in range(gpus))]
+    if client_cores:
+        cmd += ["--client-cores", client_cores]
     if clients is not None:
         for flag in ("ray_address", "client_nodes", "rpc_secret_file"):
             if getattr(args, flag):
@@ -177,18 +184,31 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
                                if s.get("search_started_s") is not None] if clients is not None else [],
             "client_nodes": sorted({f"{p['ip']} ({p['cores']} cores, {p['build_workers']} build workers)"
                                     for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
-                                    if "build_workers" in p}) if clients is not None else []}
+                                    if "build_workers" in p}) if clients is not None else [],
+            # per trial, summed over the clients: what a client's loop waits on (search on its thread, a batch's
+            # builds on its stage thread)
+            "search_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_s"),
+            "build_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("build_s"),
+            # the cores each client's search and build workers ran on (--client-cores)
+            "client_cores": [p.get("client_cores") for s in report["coordinator"]["shards"]
+                             for p in s.get("ran_on", [])[-1:]] if clients is not None else []}
+
+
+def _phases(row: dict) -> str:
+    if row.get("search_s_per_trial") is None:
+        return ""
+    return f"{row['search_s_per_trial']:.3f}, {row['build_s_per_trial']:.3f}"
 
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
-             "machine CPUs busy | neighbours |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |"]
+             "machine CPUs busy | search, build s/trial | neighbours |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | | |")
             continue
         if any(not state.startswith("tuning") for state in r.get("neighbours") or []):  # its machine was not busy after all
             r = {**r, "label": f"{r['label']} (a neighbour {', '.join(r['neighbours'])})"}
@@ -200,7 +220,7 @@ def table(rows: list[dict]) -> str:
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)} | "
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
                      f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "
-                     f"{'; '.join(r.get('neighbours') or [])} |")
+                     f"{_phases(r)} | {'; '.join(r.get('neighbours') or [])} |")
     return "\n".join(lines)
 
 
@@ -213,9 +233,10 @@ def main() -> None:
     parser.add_argument("--trials-per-iter", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--setups", default="1x1,2x1,4x1,2x2",
-                        help="CLIENTSxSERVERS[xGPUS][+busy] list through Ray (the first is the reference); "
+                        help="CLIENTSxSERVERS[xGPUS][+busy][+CORES] list through Ray (the first is the reference); "
                              "servers are per GPU, GPUS uses devices 0..GPUS-1; +busy: each other GPU runs a copy "
-                             "of the setup's per-GPU part meanwhile (needs --cores-per-gpu)")
+                             "of the setup's per-GPU part meanwhile (needs --cores-per-gpu); +shared, +per-gpu or "
+                             "+split: the setup's --client-cores (default: tunekit's)")
     parser.add_argument("--keep-reports", help="copy each setup's report.json into this folder")
     parser.add_argument("--cores-per-gpu", type=int,
                         help="run a setup of G GPUs on the first G x N cores only (each GPU brings its own cores)")
@@ -234,16 +255,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tunekit-scaling-") as workdir:
         model = model_path(args.model, workdir)
         for setup in args.setups.split(","):
-            shape, _, mode = setup.partition("+")
-            if mode not in ("", "busy"):
-                raise SystemExit(f"--setups {setup}: after + only 'busy' (the other GPUs run copies of it)")
+            shape, *mods = setup.split("+")
+            unknown = [m for m in mods if m != "busy" and m not in CLIENT_CORES]
+            if unknown or len([m for m in mods if m in CLIENT_CORES]) > 1:
+                raise SystemExit(f"--setups {setup}: after + only 'busy' (the other GPUs run copies of it) and one "
+                                 f"of {', '.join(CLIENT_CORES)} (--client-cores)")
+            cores_mode = next((m for m in mods if m in CLIENT_CORES), None)
             clients, servers, gpus, *_ = [int(x) for x in shape.split("x")] + [0]
             label = f"{clients} client(s) x {servers} server(s)" + (f" x {gpus} GPU(s)" if gpus else "") \
-                + (", other GPUs busy" if mode else "")
+                + (f", {cores_mode} cores" if cores_mode else "") + (", other GPUs busy" if "busy" in mods else "")
             if label in done:
                 print(f"[{label}] kept from {args.results}", file=sys.stderr)
                 continue
-            rows.append(run_setup(label, clients, servers, model, share_flag, args, workdir, gpus, busy=bool(mode)))
+            rows.append(run_setup(label, clients, servers, model, share_flag, args, workdir, gpus,
+                                  busy="busy" in mods, client_cores=cores_mode))
             _save(args, rows)
         if not args.no_single_process and "1 process, no Ray" not in done:
             rows.append(run_setup("1 process, no Ray", None, 1, model, share_flag, args, workdir))

@@ -13,7 +13,7 @@ from tunekit.coordinator.merge import merge_shards
 from tunekit.errors import TunekitError
 from tunekit.records.jsonl import RECORDS, WORKLOADS, read_records, read_workloads
 from tunekit.shares.share import Share
-from tunekit.testing import distinct, record_keys, record_lines, run_cli, shard_dirs
+from tunekit.testing import distinct, new_children, record_keys, record_lines, run_cli, shard_dirs
 
 
 # ---------------------------------------------------------------- planning (no processes)
@@ -47,8 +47,24 @@ def test_clients_on_a_node_get_cores_of_their_own():
     assert planning.client_cores([], 0, 4) == []
     from tunekit.config import CoordinatorConfig
 
-    with pytest.raises(TunekitError, match="--client-cores must be one of shared, split"):
+    with pytest.raises(TunekitError, match="--client-cores must be one of shared, per-gpu, split"):
         CoordinatorConfig(client_cores="pinned")
+
+
+def test_per_gpu_client_cores_give_each_gpus_clients_a_machine_of_their_own():
+    node = list(range(32))
+    # 4 clients on a node with 2 GPUs: clients 0-1 share cores 0-15, clients 2-3 cores 16-31
+    assert planning.device_group_cores(node, 2, 4) == [node[:16]] * 2 + [node[16:]] * 2
+    # 3 clients: the odd one has its GPU's cores alone
+    assert planning.device_group_cores(node, 2, 3) == [node[:16], node[:16], node[16:]]
+    # fewer clients than GPUs: as many groups as clients, so no core goes unused
+    assert planning.device_group_cores(node, 4, 2) == [node[:16], node[16:]]
+    # no GPU on the node (a CPU-only client node) or one GPU: every client may use every core (shared)
+    assert planning.device_group_cores(node, 0, 4) == [node] * 4
+    assert planning.device_group_cores(node, 1, 2) == [node] * 2
+    # 3 GPUs on 32 cores: the last group takes the remainder, and every core is someone's
+    groups = planning.device_group_cores(node, 3, 3)
+    assert [len(g) for g in groups] == [10, 10, 12] and sorted(c for g in groups for c in g) == node
 
 
 def test_shards_are_balanced_by_cost_not_by_count():
@@ -205,8 +221,14 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     assert all(len(_expand(row["client_cores"])) == row["build_workers"] for row in rows), rows
     assert len({c for row in rows for c in _expand(row["client_cores"])}) == min(
         rows[0]["cores"], sum(row["build_workers"] for row in rows)), rows
-    # and when each client's search began (after its start, before it was done)
-    assert all(0 < shard["search_started_s"] < shard["done_s"] for shard in coord["shards"]), coord["shards"]
+    # and when each client's search began (before it was done)
+    assert all(0 <= shard["search_started_s"] < shard["done_s"] for shard in coord["shards"]), coord["shards"]
+    # The fleets and the clients (TVM imported, engine and build workers started) were started in the warm-up,
+    # beside the untuned model, so the tuning wall starts with the first search
+    assert all(shard["ready_before_tuning"] is True for shard in coord["shards"]), coord["shards"]
+    warm = report["phases"]["warm_up"]
+    assert warm["before_tuning"] is True and set(warm["steps"]) == {"fleets_s", "clients_s"}, warm
+    assert min(warm["steps"].values()) > 0 and sum(warm["steps"].values()) <= warm["took_s"] + 0.01, warm
     # Every task was tuned by exactly one client, and the shards cover all tasks.
     names = [n for shard in coord["shards"] for n in shard["tasks"]]
     assert sorted(names) == sorted(t["name"] for t in report["tasks"])
@@ -244,6 +266,20 @@ def test_merged_records_compile_like_a_single_process_database(four_clients, exa
     assert tvm_ffi.structural_equal(a, b)
     assert not tvm_ffi.structural_equal(a, prepared)  # records were applied at all
     assert os.path.getsize(report["artifact"]) > 0
+
+
+def test_a_refused_untuned_model_stops_the_clients_the_warm_up_started(example_model, tmp_path):
+    """The numerics gate refuses the untuned model while the coordinator's warm-up starts its fleets and
+    clients: the run ends with the refusal, and nothing it started (Ray, clients, servers) is left behind."""
+    import tunekit
+    from tunekit.config import CoordinatorConfig
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(tunekit.RunFailed, match="refused"):
+        tunekit.tune(example_model, cpu_pct=50, out=str(tmp_path / "o"), coordinator=CoordinatorConfig(clients=2),
+                     config=tunekit.TuneConfig(trials=2, max_output_error=1e-12))
+    left = new_children(before, timeout=30)  # Ray's own processes take a moment to exit after its shutdown
+    assert not left
 
 
 def test_two_shares_in_one_run_get_two_databases_with_different_bests(example_model, tmp_path):

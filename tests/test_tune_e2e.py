@@ -52,19 +52,13 @@ def test_a_refused_untuned_model_leaves_no_warm_up_behind(example_model, tmp_pat
 
     import tunekit
 
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+    from tunekit.testing import new_children
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(tunekit.RunFailed, match="refused"):
         tunekit.tune(example_model, cpu_pct=50, out=str(tmp_path / "o"),
                      config=tunekit.TuneConfig(trials=2, max_output_error=1e-12))
-    left = []
-    for proc in me.children(recursive=True):
-        try:
-            if proc.pid not in before and proc.status() != psutil.STATUS_ZOMBIE:
-                left.append(" ".join(proc.cmdline())[:120])
-        except psutil.NoSuchProcess:
-            pass
-    assert not left
+    assert not new_children(before)
 
 
 def test_server_log_is_kept_in_the_out_dir(tuned):

@@ -186,7 +186,7 @@ class TuneConfig:
             raise TunekitError(f"server_mode must be 'warm' or 'stock', not {self.server_mode!r}")
 
 
-CLIENT_CORES = ("shared", "split")
+CLIENT_CORES = ("shared", "per-gpu", "split")
 
 
 @dataclass
@@ -208,7 +208,10 @@ class CoordinatorConfig:
     # clients from slowing each other as they grew in number (2 GPUs / 1 GPU 1.68x against 1.49x), but
     # it did so by slowing the 1-GPU run more (4.13 trials/s against 5.47: a client no longer used the
     # cores another left idle), and 2 GPUs did fewer trials/s (6.92 against 8.14); so shared by default
-    # (benchmarks/results/h200x2-resnet18-gpu40-coordinator-768).
+    # (benchmarks/results/h200x2-resnet18-gpu40-coordinator-768). "per-gpu": a node's cores split evenly over
+    # the GPUs measured on there, each part shared by a group of the node's clients, as if every GPU came with
+    # a machine of its own (on a node with one GPU, or none, the same as shared); measured on 2 x H200 in one
+    # lease: 1.54x against shared's 1.58x, so not the default.
     client_cores: str = "shared"
 
     def __post_init__(self):

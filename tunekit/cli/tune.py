@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..config import CLIENT_CORES
 from ..errors import TunekitError
 from .common import EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, input_shapes, show_progress
 
@@ -36,9 +37,10 @@ def add_arguments(p) -> None:
                    help="Ray nodes for the tuning clients: any (default, spread), cpu-only (nodes without GPUs) or "
                    "a custom resource that client nodes advertise, e.g. tunekit_client (ray start --resources "
                    "'{\"tunekit_client\": 1}'); for a CPU share those nodes host no runner servers")
-    p.add_argument("--client-cores", choices=["shared", "split"],
-                   help="the cores of the clients on one node: shared (default: each may run on any of them) or "
-                   "split (each pinned to a slice of its own)")
+    p.add_argument("--client-cores", choices=list(CLIENT_CORES),
+                   help="the cores of the clients on one node: shared (default: each may run on any of them), "
+                   "per-gpu (the node's cores split over its GPUs, each part shared by that GPU's group of "
+                   "clients) or split (each client pinned to a slice of its own)")
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow the shares on one device to sum past 100%%: this run's shares tuned at the same "
                    "time, and other tunekit jobs on this machine (the ledger refuses a job that would pass 100%%)")

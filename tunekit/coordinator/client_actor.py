@@ -110,6 +110,11 @@ class TuningClientImpl:
         self.database = open_database(self.shard_dir)
         self.known = open_database(self.known_dir) if self.known_dir and os.path.isdir(self.known_dir) else None
 
+    def prepare(self) -> None:
+        """Import TVM and start the engine (its build workers start importing TVM too) before the first
+        tune() call, while the coordinator's pipeline still compiles and times the untuned model."""
+        self._setup()
+
     def tune(self, *, tasks: list[dict], budgets: list[int], pool, improving_only: bool = True,
              measure_untuned: bool = True, resume_counts: bool = False) -> dict:
         """Tune `tasks` (name, mod JSON, weight) within `budgets`; unused trials go to `pool`."""
@@ -119,6 +124,7 @@ class TuningClientImpl:
         from ..clients.search_loop import SearchRequest
         from .budget import RemotePool
 
+        ready = self.engine is not None  # prepare() ran in the coordinator's warm-up
         self._setup()
         # No cooperative() signal handling here: Ray runs actor methods off the main thread.
         outcome = self.engine.search(SearchRequest(
@@ -131,6 +137,7 @@ class TuningClientImpl:
         result["hung_candidates"] = self.engine.runner.hangs
         result["runner_faults"] = self.engine.runner.fault_counts()
         result["pid"] = os.getpid()
+        result["ready_before_tuning"] = ready
         return result
 
     def pid(self) -> int:

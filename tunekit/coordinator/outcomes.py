@@ -56,6 +56,9 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         # when its client's search began: what starting it cost (Ray actor, TVM import, build
                         # workers), which more GPUs do not shorten
                         "search_started_s": run.search_started_s.get(s),
+                        # its client was started and set up (TVM, engine, build workers) in the coordinator's
+                        # warm-up, beside the untuned model, not in the tuning wall (false after a restart)
+                        "ready_before_tuning": run.outcomes[s].get("ready_before_tuning"),
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],

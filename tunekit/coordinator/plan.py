@@ -201,6 +201,18 @@ def client_cores(cores: list[int], slot: int, workers: int) -> list[int]:
     return sorted({ordered[(slot * workers + j) % len(ordered)] for j in range(max(1, workers))})
 
 
+def device_group_cores(cores: list[int], devices: int, clients: int) -> list[list[int]]:
+    """`--client-cores per-gpu`: the cores of each of a node's `clients` (in their stable order) when the
+    node's cores are split evenly over the `devices` GPUs tunekit measures on there, and each GPU's part is
+    shared by a group of the clients, as if every GPU came with a machine of its own. With fewer clients
+    than GPUs there are as many groups as clients; with no GPU (a CPU-only client node) one group: shared."""
+    ordered = sorted(cores)
+    groups = max(1, min(devices, clients, len(ordered)))
+    size = len(ordered) // groups if ordered else 0
+    slices = [ordered[g * size:(g + 1) * size] if g < groups - 1 else ordered[g * size:] for g in range(groups)]
+    return [slices[k * groups // max(1, clients)] for k in range(clients)]
+
+
 def build_workers_for(cores: int, node_cpu: float, clients_on_node: int) -> int:
     """Build workers of one client: the cores of its node (Ray's CPU count for it, when smaller than
     the cores the client may run on) split over the clients on that node."""

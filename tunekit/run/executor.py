@@ -9,7 +9,6 @@ The pipeline never knows which (as Kernel Tuner's strategies never know their ru
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -68,15 +67,3 @@ class Executor(Protocol):
 
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         """Tune every job of `group` into its db_dir: {share label: clients.measurement.TuningOutcome}."""
-
-
-class NoWarmup:
-    """For an executor that starts everything in `tune`: nothing to wait for."""
-
-    def settle(self, job: ShareJob) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def no_warm_up(group: list[ShareJob], sessions: dict):
-    yield NoWarmup()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import threading
 import time
 
 from ..clients.engine import Engine
@@ -13,6 +12,7 @@ from ..config import TuneConfig
 from ..errors import TunekitError
 from .executor import ShareJob
 from .session import ShareSession
+from .warmup import WarmUps
 
 
 class LocalExecutor:
@@ -22,7 +22,7 @@ class LocalExecutor:
         self.config = config
         self.rpc_secret = rpc_secret
         self.engine = Engine.create(config.engine)
-        self._warm: _Warmup | None = None  # the group's warm-up, while the pipeline is inside warm_up()
+        self._warm_ups = WarmUps()
 
     @contextlib.contextmanager
     def connect(self):
@@ -58,18 +58,11 @@ class LocalExecutor:
                 sessions[job.label] = stack.enter_context(ShareSession.for_tuning(job.share, self.config, within=first))
             yield sessions
 
-    @contextlib.contextmanager
     def warm_up(self, group: list[ShareJob], sessions: dict):
         """Start the group's fleets (and the tunekit engine's build workers, runner and cost models)
         on a thread while the pipeline compiles and times the untuned model; `tune` takes them over.
         On the H100 machine these were ~35 s of a ResNet-18 run's `tune_s` beyond its tuning wall."""
-        warm = _Warmup(lambda stack, steps: self._start(group, sessions, stack, steps))
-        self._warm = warm
-        try:
-            yield warm
-        finally:
-            self._warm = None
-            warm.close()  # unless `tune` has (the untuned model was refused, Ctrl-C, ...)
+        return self._warm_ups.hold(lambda stack, steps: self._start(group, sessions, stack, steps))
 
     def _start(self, group: list[ShareJob], sessions: dict, stack: contextlib.ExitStack, steps: dict):
         """{label: (fleet, Measurement)} and the engine's started parts (None: it has none). `steps`
@@ -102,8 +95,7 @@ class LocalExecutor:
         from ..clients.measurement import ShareToMeasure
         from ..records.database import open_database
 
-        warm = self._warm or _Warmup(lambda stack, steps: self._start(group, sessions, stack, steps),
-                                     before_tuning=False)
+        warm = self._warm_ups.take(lambda stack, steps: self._start(group, sessions, stack, steps))
         try:
             fleets, engine = warm.result()
             shares = [ShareToMeasure(job.label, open_database(job.db_dir), fleets[job.label][1], job.db_dir)
@@ -182,70 +174,3 @@ class LocalExecutor:
                                      on_hang=fleet.stop_server_on_port)],
                 device_kind=job.share.kind, label=job.label, share_cores=pinned.cores,
                 share_env=pinned.env, secret=self.rpc_secret)
-
-
-class _Warmup:
-    """`start(stack, steps)` run on a thread from now on; what it enters into `stack` lives until
-    close(), and what it puts in `steps` (seconds per step) goes into the report.
-
-    `settle(job)`: called by the pipeline before it times a model at `job`'s share. A CPU share
-    waits for the start to end (its servers and build workers import TVM on the share's cores,
-    which would slow the timing); a GPU share does not (the untuned model runs as one CUDA graph
-    whose time is the GPU's, and 16 build workers starting cost ~35 s on the H100 machine)."""
-
-    def __init__(self, start, *, before_tuning: bool = True):
-        self._stack = contextlib.ExitStack()
-        self._value = None
-        self._error: BaseException | None = None
-        self._closed = False
-        self._before_tuning = before_tuning
-        self._started = time.perf_counter()
-        self._took_s = self._waited_s = None
-        self._steps: dict[str, float] = {}
-        self._thread = threading.Thread(target=self._run, args=(start,), name="tunekit-warm-up", daemon=True)
-        self._thread.start()
-
-    def _run(self, start) -> None:
-        try:
-            self._value = start(self._stack, self._steps)
-        except BaseException as exc:  # raised where the value is wanted (result)
-            self._error = exc
-        self._took_s = time.perf_counter() - self._started
-
-    def settle(self, job: ShareJob) -> None:
-        if job.share.kind == "cpu":
-            self._thread.join()
-
-    def result(self):
-        waiting = time.perf_counter()
-        self._thread.join()
-        self._waited_s = time.perf_counter() - waiting
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def describe(self) -> dict:
-        """report.json phases.warm_up: whether the fleets and the engine were started before tuning
-        (beside the untuned model), how long that took (`steps`: the fleets, making the engine, its
-        build workers importing TVM; on a GPU nothing waits for the last, which may end later), and
-        how long tuning then waited for it; `fleet_starts`: when each share's fleet began and ended
-        starting, in seconds from the first)."""
-        steps = dict(self._steps)
-        fleet_starts = steps.pop("fleet_starts", None)  # {label: [start, end]}: seconds, not a step
-        described = {"before_tuning": self._before_tuning, "took_s": _rounded(self._took_s),
-                     "tuning_waited_s": _rounded(self._waited_s),
-                     "steps": {name: _rounded(seconds) for name, seconds in steps.items()}}
-        if fleet_starts:
-            described["fleet_starts"] = fleet_starts
-        return described
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._thread.join()  # nothing is left half-started
-        self._closed = True
-        self._stack.close()
-
-
-def _rounded(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds, 3)

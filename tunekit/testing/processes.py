@@ -61,3 +61,21 @@ def alive_after(procs: list[psutil.Process], timeout: float = 15) -> list[psutil
         if not alive or time.time() >= deadline:
             return alive
         time.sleep(0.3)
+
+
+def new_children(before: set[int], timeout: float = 0) -> list[str]:
+    """Command lines of this process's descendants (not zombies) that are not in `before` (pids taken earlier),
+    after waiting up to `timeout` s for them to go."""
+    me = psutil.Process()
+    deadline = time.time() + timeout
+    while True:
+        left = []
+        for proc in me.children(recursive=True):
+            try:
+                if proc.pid not in before and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(" ".join(proc.cmdline())[:120])
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.time() >= deadline:
+            return left
+        time.sleep(0.5)
