@@ -20,6 +20,20 @@ def test_pool_never_grants_more_than_it_holds():
     assert pool.reassigned == 5 and pool.released == 0
 
 
+def test_the_pools_last_trials_are_split_over_its_takers():
+    """With less than a batch per client left, each draw gets a part of it, so no client measures a last whole
+    batch while the others are done; never under a quarter of a batch; whole batches while there is plenty."""
+    pool = TrialPool(200, takers=8)
+    assert pool.take(16) == 16  # 184 left: more than 8 batches' worth
+    pool = TrialPool(40, takers=8)
+    # ceil(left / 8), at least 4 (a quarter of 16), and the last 2 as they are
+    assert [pool.take(16) for _ in range(10)] == [5, 5, 4, 4, 4, 4, 4, 4, 4, 2] and pool.available == 0
+    assert TrialPool(40, takers=1).take(16) == 16  # one client: nothing to share
+    pool = TrialPool(3, takers=8)
+    assert pool.take(16) == 3 and pool.available == 0  # never more than it holds
+    assert TrialPool(10, takers=4).take(2) == 2  # a part is at least a quarter of the batch asked for, at least 1
+
+
 def test_pool_release_and_status():
     pool = TrialPool()
     assert pool.take(1) == 0

@@ -472,8 +472,10 @@ class RayExecutor:
         for run in runs:
             # The trial pool lives on the coordinator's node: placed on another node, losing that
             # node lost the pool and stopped the run (ActorUnavailableError; tests/test_faults_ray.py).
-            run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(run.reserve)
-            starts += [(run, shard) for shard in self._shards(run)]
+            shards = self._shards(run)
+            run.pool = pool_class.options(scheduling_strategy=node_affinity(here)).remote(run.reserve,
+                                                                                          takers=len(shards))
+            starts += [(run, shard) for shard in shards]
         self._start_clients(ray, starts)  # all at once: each is sized by the clients on its node
         for (run, shard), ref in [((run, shard), run.clients[shard].prepare.remote()) for run, shard in starts]:
             try:
