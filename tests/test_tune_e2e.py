@@ -154,3 +154,22 @@ def test_gpu_precision_auto_falls_back_to_fp32_when_fp16_is_refused(example_mode
                    "--precision", "fp16", "--out", tmp_path / "fp16")
     assert proc.returncode == 1
     assert "refused" in proc.stderr and "--precision fp32" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_precision_auto_falls_back_at_every_share_of_one_search(example_model, tmp_path):
+    """Two shares tuned by one search fall back together. The largest share is measured first; its
+    fp32 fallback was compiled over the untuned build the other share then reused, so 40% passed
+    the gate with the fp32 build, tuned in fp16, and its tuned model was refused (rc 1)."""
+    config = tmp_path / "tight.yaml"
+    config.write_text("max_output_error: 1.0e-5\n")
+    proc = run_cli("tune", example_model, "--gpu-pct", "40,100", "--trials", "4", "--config", config,
+                   "--out", tmp_path / "two", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for label in ("gpu40", "gpu100"):
+        report = json.load(open(tmp_path / "two" / f"report-{label}.json"))
+        assert report["precision"] == "fp32", label
+        assert "untuned fp16 model is refused" in report["precision_fallback"], label
+        assert report["numerics"]["tuned"][0]["max_rel_err"] <= 1e-5, label
+        identity = json.load(open(tmp_path / "two" / f"records-{label}" / "tunekit-run.json"))
+        assert identity["precision"] == "fp32", label

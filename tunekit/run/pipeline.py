@@ -24,6 +24,7 @@ from .. import numerics
 from .executor import ShareJob
 from .report import tune_report, write_report
 from .session import LoadedModel, ShareSession, check_out_dir, device_name, load_model
+from .untuned_builds import UntunedBuilds
 
 log = logging.getLogger("tunekit")
 
@@ -49,7 +50,7 @@ class Pipeline:
         self.started = time.time()
         self.steps: dict[str, float] = {}
         self.robust: dict | None = None  # --robust: the share-robust artifact and its regret matrix
-        self._untuned_builds: dict[tuple, str] = {}  # (prepared module, target, graphs) -> untuned .so
+        self._untuned_builds = UntunedBuilds()  # by (prepared module, target, graphs)
         self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
 
     # ---------------------------------------------------------------- before tuning
@@ -120,6 +121,44 @@ class Pipeline:
             return self._measure(job, session, path=self._untuned_path(job), database=None,
                                  what="the untuned fp32 model")
 
+    def _measure_group_untuned(self, group: list[ShareJob], sessions: dict, loaded: LoadedModel, *,
+                               settle=None) -> dict[str, Measured]:
+        """Every share's untuned model, in one precision for the whole group. The group's shares are
+        tuned together (one search measures each candidate at every share), so when `auto` falls back
+        to fp32 at one share, the others follow with the same fp32 module, also those measured before
+        it: a share left in fp16 would tune tasks the search never proposes, and its fp16 model could
+        be refused after tuning (MobileNetV2 at 40,100% on the H200: 100% fell back, 40% stayed fp16,
+        and its tuned model was refused after 600 s of tuning)."""
+        untuned: dict[str, Measured] = {}
+        fallen: ShareJob | None = None
+        for job in group:
+            if fallen is not None and self._follows_fallback(job):
+                self._adopt_fp32(job, fallen, loaded)
+                untuned[job.label] = self._measure(job, sessions[job.label], path=self._untuned_path(job),
+                                                   database=None, what="the untuned fp32 model", settle=settle)
+                continue
+            untuned[job.label] = self._measure_untuned(job, sessions[job.label], loaded, settle=settle)
+            if fallen is None and job.label in self.precision_fallbacks:
+                fallen = job
+        for job in group:  # the shares measured in fp16 before one fell back
+            if fallen is not None and self._follows_fallback(job):
+                self._adopt_fp32(job, fallen, loaded)
+                untuned[job.label] = self._measure(job, sessions[job.label], path=self._untuned_path(job),
+                                                   database=None, what="the untuned fp32 model", settle=settle)
+        return untuned
+
+    def _follows_fallback(self, job: ShareJob) -> bool:
+        from ..records.database import count_trials
+
+        return self.config.precision == "auto" and job.precision != "fp32" and not count_trials(job.db_dir)
+
+    def _adopt_fp32(self, job: ShareJob, fallen: ShareJob, loaded: LoadedModel) -> None:
+        """`job` takes `fallen`'s fp32 module and tasks (prepared once for the group)."""
+        log.warning("precision auto: %s fell back to fp32; tuning %s in fp32 too", fallen.label, job.label)
+        job.prepared, job.precision, job.tasks = fallen.prepared, fallen.precision, list(fallen.tasks)
+        self.precision_fallbacks[job.label] = f"{self.precision_fallbacks[fallen.label]} (at {fallen.label})"
+        self._check_identity(job, loaded, resume=False)
+
     def _prepare_fp32(self, job: ShareJob, loaded: LoadedModel) -> None:
         """`job` with its module, tasks and precision replaced by the fp32 ones (its identity too: the
         share's records are fp32 records from now on, and a --resume keeps them fp32: _precision_for)."""
@@ -147,14 +186,10 @@ class Pipeline:
         from ..clients.compiler import compile_and_export
 
         key = (id(job.prepared), str(job.target.export()), cuda_graph)
-        if database is None and key in self._untuned_builds:
-            shutil.copyfile(self._untuned_builds[key], path + ".tmp")
-            os.replace(path + ".tmp", path)
-            return
-        compile_and_export(prepared_mod=job.prepared, target=job.target, database=database, path=path,
-                           cuda_graph=cuda_graph)
-        if database is None:
-            self._untuned_builds[key] = path
+        self._untuned_builds.build(path, lambda: compile_and_export(prepared_mod=job.prepared, target=job.target,
+                                                                    database=database, path=path,
+                                                                    cuda_graph=cuda_graph),
+                                   key=key if database is None else None)
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
         bound = numerics.BOUNDS[job.precision]
@@ -215,8 +250,7 @@ class Pipeline:
             # the fleets and build workers start beside the untuned model's compile and timing
             warm = stack.enter_context(self.executor.warm_up(group, sessions))
             with self._step("untuned_s"):
-                untuned = {job.label: self._measure_untuned(job, sessions[job.label], loaded, settle=warm.settle)
-                           for job in group}
+                untuned = self._measure_group_untuned(group, sessions, loaded, settle=warm.settle)
             progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress)
             try:
                 with self._step("tune_s"):
