@@ -347,7 +347,7 @@ def fsync_cost(root, count=300):
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from tunekit.records.database import commit_durably
+    from tunekit.records.tuning_database import commit_durably
     from tunekit.testing import add_one_module
 
     mod = add_one_module(1024)

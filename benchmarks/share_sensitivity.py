@@ -158,7 +158,7 @@ def best_records(db_dir: str) -> dict[str, dict]:
     """workload hash -> best record of that workload in one share's database: µs, trace key, config."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tunekit.clients.search_loop import trace_key
+    from tunekit.records.trace_keys import trace_key
     from tunekit.records.baselines import workload_key
     from tunekit.records.database import mean_run_us
 

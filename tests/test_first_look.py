@@ -8,7 +8,7 @@ from tvm.ir.utils import derived_object
 
 from tunekit.clients.first_look import sample_ranked
 from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
-from tunekit.clients.search_loop import trace_key
+from tunekit.records.trace_keys import trace_key
 
 
 @derived_object

@@ -82,7 +82,7 @@ def test_tensor_core_candidates_are_tensorized_and_build_on_the_cuda_target(fp16
 
     from tunekit.clients.build_pool import BuildPool
     from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
-    from tunekit.clients.search_loop import is_tensorized
+    from tunekit.records.trace_keys import is_tensorized
 
     _, _, tasks = fp16_tasks
     conv = next(t for t in tasks if "conv2d1" in t.task_name)
@@ -116,7 +116,7 @@ def test_a_fresh_process_reads_tensor_core_records(fp16_tasks, tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
     from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
-    from tunekit.clients.search_loop import is_tensorized
+    from tunekit.records.trace_keys import is_tensorized
     from tunekit.records.database import open_database
 
     _, _, tasks = fp16_tasks
@@ -343,7 +343,7 @@ def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
     from tunekit.metaschedule_env import import_for_target
-    from tunekit.clients.search_loop import is_tensorized
+    from tunekit.records.trace_keys import is_tensorized
 
     model = load_model(_flattened_ffn(str(tmp_path / "ffn.onnx"), width=64, hidden=1024))
     prepared, _ = prepare(model.mod, Target(H100), precision="fp16")

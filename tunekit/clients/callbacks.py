@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..records.database import FAILED_RUN_SECS, commit_durably
+from ..records.database import FAILED_RUN_SECS
+from ..records.tuning_database import commit_durably
 
 
 def remove_artifact(path) -> None:

@@ -33,7 +33,9 @@ from ..config import TuneConfig
 from ..interrupts import stop_requested
 from ..records.baselines import workload_key
 from ..frontend.tasks import already_scheduled, task_family, task_flops
-from ..records.database import commit_workload_durably, mean_run_us
+from ..records.database import mean_run_us
+from ..records.trace_keys import TENSORIZE_MARK, trace_key, trace_text
+from ..records.tuning_database import commit_workload_durably, known_traces
 from ..targets import search_target
 from . import callbacks, first_look
 from ..metaschedule_env import prepare_metaschedule_logging
@@ -143,37 +145,6 @@ class ShareLane:
     proposed: int = 0
 
 
-# MultiLevelTilingTensorCore (and the CPU rules that tensorize) annotate the block they tile for an
-# intrinsic; the RewriteTensorize postproc then tensorizes it. In a trace this annotation is how a
-# candidate that uses tensor cores shows.
-_TENSORIZE_MARK = "meta_schedule.auto_tensorize"
-
-
-def _trace_text(trace) -> str:
-    return json.dumps(trace.as_json(remove_postproc=True), sort_keys=True, default=str)
-
-
-def trace_key(trace) -> str:
-    """Identity of a candidate: its trace with every sampling decision (postprocs excluded)."""
-    return hashlib.sha1(_trace_text(trace).encode()).hexdigest()
-
-
-def is_tensorized(trace) -> bool:
-    """Whether a candidate's schedule maps a block onto a tensor intrinsic (tensor cores on CUDA)."""
-    return _TENSORIZE_MARK in _trace_text(trace)
-
-
-def _records_by_workload(database) -> dict:
-    """{workload module: {trace key: (run_secs, tensorized)}} of every record in `database`."""
-    seen: dict = {}
-    for record in database.get_all_tuning_records():
-        secs = [float(s) for s in (record.run_secs or [])]
-        text = _trace_text(record.trace)
-        seen.setdefault(record.workload.mod, {})[hashlib.sha1(text.encode()).hexdigest()] = (
-            secs, _TENSORIZE_MARK in text)
-    return seen
-
-
 def _find(table: dict, mod, default):
     """table[mod] by structural equality (what the database's own lookup uses)."""
     import tvm_ffi
@@ -261,10 +232,10 @@ class SearchLoop:
         prepare_metaschedule_logging()  # every set of TuneContexts: MetaSchedule's console stays quiet
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             extracted, req.work_dir, strategy=strategy, num_threads=self.search_threads, seed=config.seed)
-        known = _records_by_workload(lane.database)
+        known = known_traces(lane.database)
         mine = {mod: len(found) for mod, found in known.items()} if req.count_existing and first else {}
         if req.known_database is not None and first:  # earlier runs' records: merged by structural equality
-            for mod, found in _records_by_workload(req.known_database).items():
+            for mod, found in known_traces(req.known_database).items():
                 existing = _find(known, mod, None)
                 if existing is None:
                     known[mod] = found
@@ -364,9 +335,9 @@ class SearchLoop:
         self.searches[task.index].append([lane, len(found or []), 0])
         if not found:
             return False
-        texts = [_trace_text(c.sch.trace) for c in found]
+        texts = [trace_text(c.sch.trace) for c in found]
         keys = [hashlib.sha1(text.encode()).hexdigest() for text in texts]
-        marked = {k for k, text in zip(keys, texts) if _TENSORIZE_MARK in text}
+        marked = {k for k, text in zip(keys, texts) if TENSORIZE_MARK in text}
         for each in self.lanes:
             each.tasks[task.index].tensorized.update(marked)
         queued = {key for _, key in mine.reserve}

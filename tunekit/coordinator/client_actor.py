@@ -93,7 +93,7 @@ class TuningClientImpl:
         from ..clients.measurement import Measurement
         from ..clients.tunekit_engine import make_engine
         from ..config import TuneConfig
-        from ..records.database import open_database
+        from ..records.tuning_database import open_for_tuning, read_known, seeds_per_workload
         from ..shares.share import Share
 
         self.target = tvm.target.Target(self.target_spec)
@@ -107,8 +107,8 @@ class TuningClientImpl:
         self.engine = make_engine(target=self.target, measurement=measurement, config=self.config,
                                   work_dir=self.work_dir, cores=self.build_cores, build_workers=self.build_workers,
                                   search_threads=self.build_workers)
-        self.database = open_database(self.shard_dir)
-        self.known = open_database(self.known_dir) if self.known_dir and os.path.isdir(self.known_dir) else None
+        self.database = open_for_tuning(self.shard_dir, seeds=seeds_per_workload(self.config.population))
+        self.known = read_known(self.known_dir) if self.known_dir and os.path.isdir(self.known_dir) else None
 
     def prepare(self) -> None:
         """Import TVM and start the engine (its build workers start importing TVM too) before the first

@@ -4,7 +4,9 @@ Each shard is a MetaSchedule JSONDatabase (records.jsonl describes the two files
 indices are local to a shard, so merging re-indexes them: a workload already in the share's
 database (same structural hash: the key TVM's own lookup starts from) keeps its index. Merging is
 idempotent (a record already present, same workload and same trace, is not added again), so it is
-safe to repeat after a crash, and every shard line that is cut off is skipped, not fatal.
+safe to repeat after a crash, and every shard line that is cut off is skipped, not fatal. The trace
+keys a shard keeps beside its records (records.trace_keys) go along with them, so that the next run
+on the share's database need not parse the merged records to key them.
 """
 from __future__ import annotations
 
@@ -14,16 +16,19 @@ import os
 
 from ..records.database import repair_truncated_tail
 from ..records.jsonl import RECORDS, WORKLOADS, read_records, read_workloads
+from ..records.trace_keys import append_keys, line_id, read_keys
 
 
-def _append(path: str, rows: list) -> None:
-    if not rows:
-        return
+def _append(path: str, rows: list) -> list[str]:
+    """The rows appended as lines, fsynced; returns the lines as written."""
+    lines = [json.dumps(row, separators=(",", ":")) for row in rows]
+    if not lines:
+        return lines
     with open(path, "a") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.write("".join(line + "\n" for line in lines))
         fh.flush()
         os.fsync(fh.fileno())
+    return lines
 
 
 class _Merged:
@@ -36,8 +41,9 @@ class _Merged:
                         if r.workload < len(self.workloads)}
         self.new_workloads: list = []
         self.new_records: list = []
+        self.new_keys: list = []  # the trace key of each new record, where its shard kept one
 
-    def add(self, workload_line: list, record) -> None:
+    def add(self, workload_line: list, record, trace_key: tuple | None) -> None:
         workload = workload_line[0]
         key = (workload, record.trace_text())
         if key in self.present:
@@ -48,6 +54,7 @@ class _Merged:
             self.workloads.append(workload)
             self.new_workloads.append(workload_line)
         self.new_records.append([self.index_of[workload], record.record])
+        self.new_keys.append(trace_key)
 
 
 def merge_shards(shard_dirs: list[str], into: str) -> dict:
@@ -59,16 +66,17 @@ def merge_shards(shard_dirs: list[str], into: str) -> dict:
             repair_truncated_tail(os.path.join(into, name))
         merged, skipped = _Merged(into), 0
         for shard in shard_dirs:
-            workloads, cut_off = read_workloads(shard), []
+            workloads, cut_off, keys = read_workloads(shard), [], read_keys(shard)
             for record in read_records(shard, skipped=cut_off):
                 workload = workloads[record.workload] if record.workload < len(workloads) else None
                 if workload is None:  # its workload line was cut off by a crash
                     skipped += 1
                     continue
-                merged.add(workload, record)
+                merged.add(workload, record, keys.get(line_id(record.text)))
             skipped += len(cut_off)
         _append(os.path.join(into, WORKLOADS), merged.new_workloads)
-        _append(os.path.join(into, RECORDS), merged.new_records)
+        lines = _append(os.path.join(into, RECORDS), merged.new_records)
+        append_keys(into, [(line_id(text), *key) for text, key in zip(lines, merged.new_keys) if key is not None])
         fcntl.flock(lock, fcntl.LOCK_UN)
     return {"shards": len(shard_dirs), "new_records": len(merged.new_records),
             "new_workloads": len(merged.new_workloads), "skipped_lines": skipped}

@@ -67,8 +67,9 @@ def repair_truncated_tail(path: str) -> int:
 _REPAIRED: dict[str, int] = {}  # database dir -> bytes moved aside when it was last opened
 
 
-def _json_database(path: str, **kwargs):
-    """JSONDatabase parses every record's trace when it opens, and a tensor-core trace names its
+def json_database(path: str | None = None, **kwargs):
+    """TVM's JSONDatabase on the dir `path` (or on `path_workload=` / `path_tuning_record=` files).
+    JSONDatabase parses every record's trace when it opens, and a tensor-core trace names its
     intrinsics (wmma_fill_16x16x16_f32, ...), which must be registered first: a GPU run's --resume,
     warm start or `tunekit compile` otherwise died with "TensorIntrin ... is not registered". Only
     then are the intrinsics imported (tens of seconds on a small CPU, so not for every database)."""
@@ -76,14 +77,23 @@ def _json_database(path: str, **kwargs):
 
     from ..metaschedule_env import import_for_target
 
+    if path is not None:
+        kwargs["work_dir"] = path
     try:
-        return ms.database.JSONDatabase(work_dir=path, module_equality="structural", **kwargs)
+        return ms.database.JSONDatabase(module_equality="structural", **kwargs)
     except Exception as exc:
         if "TensorIntrin" not in str(exc):
             raise
     for kind in ("cuda", "llvm"):
         import_for_target(kind)
-    return ms.database.JSONDatabase(work_dir=path, module_equality="structural", **kwargs)
+    return ms.database.JSONDatabase(module_equality="structural", **kwargs)
+
+
+def repair_on_open(path: str) -> None:
+    """A cut-off last line of either file (a crash mid-append) moved aside before TVM reads them
+    (repaired_bytes says how much)."""
+    _REPAIRED[os.path.abspath(path)] = sum(repair_truncated_tail(os.path.join(path, name))
+                                           for name in (WORKLOADS, RECORDS))
 
 
 def open_database(path: str, *, create: bool = True, read_only: bool = False):
@@ -93,14 +103,13 @@ def open_database(path: str, *, create: bool = True, read_only: bool = False):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     if read_only:
         try:
-            return _json_database(path, allow_missing=False)
+            return json_database(path, allow_missing=False)
         except Exception as exc:
             text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise TunekitError(f"cannot read the records in {path}: {text[:200]}") from None
     os.makedirs(path, exist_ok=True)
-    _REPAIRED[os.path.abspath(path)] = sum(repair_truncated_tail(os.path.join(path, name))
-                                           for name in (WORKLOADS, RECORDS))
-    database = _json_database(path)
+    repair_on_open(path)
+    database = json_database(path)
     _fsync_dir(path)  # the files JSONDatabase may just have created survive a power cut too
     return database
 
@@ -116,7 +125,7 @@ def open_best_records(path: str, *, create: bool = True):
     workloads = read_workloads(path)
     best: dict[int, tuple[float, list]] = {}  # workload index -> (mean run us, record)
     for line in read_records(path):
-        mean = _valid_mean(line.run_secs, line.trace)
+        mean = valid_mean_us(line.run_secs, line.trace)
         if mean is not None and 0 <= line.workload < len(workloads) and workloads[line.workload] is not None \
                 and (line.workload not in best or mean < best[line.workload][0]):
             best[line.workload] = (mean, line.record)
@@ -143,7 +152,7 @@ def parse_records(workloads: list, picks: list[tuple[int, list]]):
     return database
 
 
-def _valid_mean(run_secs, trace) -> float | None:
+def valid_mean_us(run_secs, trace) -> float | None:
     """The mean run time (us) MetaSchedule sorts a record by, or None where TuningRecord.IsValid says no: no
     measured time (mean_run_us) or no scheduling instruction before the postprocessing."""
     us = mean_run_us([t for t in run_secs or [] if isinstance(t, (int, float))])
@@ -164,12 +173,11 @@ def repaired_bytes(path: str) -> int:
 # ---- durable appends ----
 # TVM's JSONDatabase appends one line per commit (open, write, close) but never fsyncs: a crash of
 # the machine can lose trials that were already reported measured. tunekit's tuning loop commits
-# through these two functions, which fsync the file after TVM's append. The JSON database stays a
-# plain JSONDatabase (MetaScheduleApplyDatabase, get_top_k and useful_records see no difference).
+# through records.tuning_database.commit_durably, which fsyncs the records after TVM's append.
 # Cost: one fsync per measured trial (benchmarks/faults.py measures it; ~ms on a local disk,
 # against ~1 s per trial for search + build + measure).
 
-def _fsync_file(path: str) -> None:
+def fsync_file(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)  # Linux: flushes the inode's data whatever the fd's access mode
@@ -188,24 +196,6 @@ def _fsync_dir(path: str) -> None:
         pass  # some filesystems refuse fsync on a directory; the file fsyncs still hold
     finally:
         os.close(fd)
-
-
-def commit_durably(database, record) -> None:
-    """`database.commit_tuning_record(record)`, then the records file is fsynced (a JSONDatabase;
-    other databases are only committed)."""
-    database.commit_tuning_record(record)
-    path = getattr(database, "path_tuning_record", None)
-    if path:
-        _fsync_file(str(path))
-
-
-def commit_workload_durably(database, mod):
-    """`database.commit_workload(mod)`, then the workload file is fsynced. Returns the workload."""
-    workload = database.commit_workload(mod)
-    path = getattr(database, "path_workload", None)
-    if path:
-        _fsync_file(str(path))
-    return workload
 
 
 def count_trials(path: str) -> int:

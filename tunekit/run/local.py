@@ -91,14 +91,24 @@ class LocalExecutor:
                 engine.builder.wait_until_warm()  # warm means its workers have imported TVM
         return fleets, engine
 
+    def _open_records(self, db_dir: str):
+        """The share's database for this run's engine. tunekit's loop commits through
+        records.tuning_database, so its database parses only the records its search seeds from; the
+        stock engine commits with TVM's own callback, into a JSONDatabase of the whole dir."""
+        from ..records.database import open_database
+        from ..records.tuning_database import open_for_tuning, seeds_per_workload
+
+        if self.engine.name != "tunekit":
+            return open_database(db_dir)
+        return open_for_tuning(db_dir, seeds=seeds_per_workload(self.config.population))
+
     def tune(self, group: list[ShareJob], sessions: dict, progress) -> dict:
         from ..clients.measurement import ShareToMeasure
-        from ..records.database import open_database
 
         warm = self._warm_ups.take(lambda stack, steps: self._start(group, sessions, stack, steps))
         try:
             fleets, engine = warm.result()
-            shares = [ShareToMeasure(job.label, open_database(job.db_dir), fleets[job.label][1], job.db_dir)
+            shares = [ShareToMeasure(job.label, self._open_records(job.db_dir), fleets[job.label][1], job.db_dir)
                       for job in group]
             started = {"engine": engine} if engine is not None else {}
             if len(group) > 1:

@@ -1,0 +1,79 @@
+"""The database a tuning run appends to (records.tuning_database): it opens without parsing every record,
+and gives the search what TVM's whole JSONDatabase would: the same trace keys and the same best records."""
+import os
+
+import pytest
+import tvm_ffi
+
+from tunekit.records import trace_keys
+from tunekit.records.database import open_database
+from tunekit.records.jsonl import read_records
+from tunekit.records.tuning_database import SCRATCH, commit_durably, known_traces, open_for_tuning, read_known
+from tunekit.testing import record_lines, run_cli
+
+
+def _by_hash(known: dict) -> dict:
+    """known_traces() with each workload module replaced by its structural hash (comparable across opens)."""
+    return {tvm_ffi.structural_hash(mod): found for mod, found in known.items()}
+
+
+@pytest.fixture(scope="module")
+def tuned_dir(example_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tuned")
+    proc = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "12", "--trials-per-iter", "4",
+                   "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out / "records-cpu100"
+
+
+def test_every_committed_record_has_its_trace_key_beside_it(tuned_dir):
+    lines = list(read_records(str(tuned_dir)))
+    keys = trace_keys.read_keys(str(tuned_dir))
+    assert len(lines) == 12 and {trace_keys.line_id(line.text) for line in lines} <= set(keys)
+    # the keys the run wrote are the keys of the records as TVM parses them
+    assert _by_hash(read_known(str(tuned_dir))) == _by_hash(known_traces(open_database(str(tuned_dir))))
+
+
+def test_a_database_without_keys_is_keyed_once_and_seeds_its_search_with_its_best(tuned_dir, tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        (db / name).write_bytes((tuned_dir / name).read_bytes())  # an older tunekit's records: no keys
+    whole = open_database(str(db))
+    lean = open_for_tuning(str(db), seeds=1)
+    assert _by_hash(known_traces(lean)) == _by_hash(known_traces(whole))
+    assert len(trace_keys.read_keys(str(db))) == 12  # keyed at this open, read at the next
+    # the search's seeds: each workload's best record, as the whole database ranks it
+    for workload_records in _by_hash(known_traces(whole)).values():
+        assert workload_records
+    workloads = {tvm_ffi.structural_hash(r.workload.mod): r.workload for r in whole.get_all_tuning_records()}
+    scratch_lines = (db / SCRATCH).read_text().splitlines()
+    assert 0 < len(scratch_lines) <= len(workloads)
+    for workload in workloads.values():
+        best_whole = whole.get_top_k(workload, 1)
+        best_lean = lean.get_top_k(lean.commit_workload(workload.mod), 1)
+        assert [trace_keys.trace_key(r.trace) for r in best_lean] == [trace_keys.trace_key(r.trace)
+                                                                       for r in best_whole]
+
+
+def test_a_commit_lands_in_the_shares_records_with_its_key(tuned_dir, tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    for name in ("database_workload.json", "database_tuning_record.json", trace_keys.KEYS):
+        (db / name).write_bytes((tuned_dir / name).read_bytes())
+    source = open_database(str(tuned_dir))
+    record = source.get_all_tuning_records()[0]
+    lean = open_for_tuning(str(db), seeds=2)
+    seeded = os.path.getsize(db / SCRATCH)
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = lean.commit_workload(record.workload.mod)
+    commit_durably(lean, ms.database.TuningRecord(record.trace, workload, [1e-3], record.target, record.args_info))
+    lines = record_lines(db)
+    assert len(lines) == 13  # the share's file, not only the scratch TVM wrote to
+    keys = trace_keys.read_keys(str(db))
+    last = list(read_records(str(db)))[-1]
+    assert keys[trace_keys.line_id(last.text)] == trace_keys.key_and_mark(record.trace)
+    assert len(open_database(str(db)).get_all_tuning_records()) == 13  # TVM reads what was appended
+    assert os.path.getsize(db / SCRATCH) == seeded  # the commit moved out of the scratch file, not copied
+    assert len(lean.get_top_k(workload, 20)) > 0  # TVM still holds what it committed
