@@ -44,8 +44,6 @@ def test_a_database_without_keys_is_keyed_once_and_seeds_its_search_with_its_bes
     assert _by_hash(known_traces(lean)) == _by_hash(known_traces(whole))
     assert len(trace_keys.read_keys(str(db))) == 12  # keyed at this open, read at the next
     # the search's seeds: each workload's best record, as the whole database ranks it
-    for workload_records in _by_hash(known_traces(whole)).values():
-        assert workload_records
     workloads = {tvm_ffi.structural_hash(r.workload.mod): r.workload for r in whole.get_all_tuning_records()}
     scratch_lines = (db / SCRATCH).read_text().splitlines()
     assert 0 < len(scratch_lines) <= len(workloads)

@@ -19,12 +19,14 @@ def run_secs_of(result) -> list[float]:
     return [float(s) for s in result.run_secs] if result.run_secs is not None else [FAILED_RUN_SECS]
 
 
-def add_to_database(database, *, task, candidate, secs: list[float], target) -> None:
-    """Durable as it completes: appended and fsynced, one line per trial (records.database)."""
+def add_to_database(database, *, task, candidate, secs: list[float], target,
+                    key: tuple[str, bool] | None = None) -> None:
+    """Durable as it completes: appended and fsynced, one line per trial (records.tuning_database).
+    `key`: the candidate's (trace key, tensorized), which the loop already has."""
     from tvm.s_tir import meta_schedule as ms
 
     commit_durably(database, ms.database.TuningRecord(candidate.sch.trace, task.workload, secs, target,
-                                                      candidate.args_info))
+                                                      candidate.args_info), key=key)
 
 
 def update_cost_model(cost_model, *, task, candidates: list, results: list) -> None:

@@ -34,7 +34,7 @@ from ..interrupts import stop_requested
 from ..records.baselines import workload_key
 from ..frontend.tasks import already_scheduled, task_family, task_flops
 from ..records.database import mean_run_us
-from ..records.trace_keys import TENSORIZE_MARK, trace_key, trace_text
+from ..records.trace_keys import TENSORIZE_MARK, key_and_mark, trace_key, trace_text
 from ..records.tuning_database import commit_workload_durably, known_traces
 from ..targets import search_target
 from . import callbacks, first_look
@@ -426,7 +426,8 @@ class SearchLoop:
                 continue  # never ran (the runner gave up on the share's servers): not a trial, not recorded
             secs = callbacks.run_secs_of(result)
             callbacks.add_to_database(lane.database, task=task, candidate=batch.candidates[j], secs=secs,
-                                      target=self.req.target)
+                                      target=self.req.target,
+                                      key=(batch.keys[j], batch.keys[j] in task.tensorized))
             task.seen[batch.keys[j]] = secs
             us = mean_run_us(secs)
             task.record(us, key=batch.keys[j], tensorized=batch.keys[j] in task.tensorized, error=result.error_msg,
@@ -515,7 +516,10 @@ class SearchLoop:
                 candidates = candidates[:max(0, task.cap - task.measured)]  # within the task's own budget
                 if not candidates:
                     continue
-            keys = [trace_key(c.sch.trace) for c in candidates]
+            keyed = [key_and_mark(c.sch.trace) for c in candidates]
+            keys = [key for key, _ in keyed]
+            for each in self.lanes:
+                each.tasks[task.index].tensorized.update(key for key, mark in keyed if mark)
             self.warm_started[task.name] = len(candidates)
             batches.append(_Batch(task, candidates, keys, list(range(len(candidates))), []))
         return batches

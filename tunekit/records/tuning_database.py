@@ -107,10 +107,11 @@ def known_traces(database) -> dict:
     return seen
 
 
-def commit_durably(database, record) -> None:
+def commit_durably(database, record, *, key: tuple[str, bool] | None = None) -> None:
     """`database.commit_tuning_record(record)`, then the records file is fsynced. For a database of
     open_for_tuning(), the line TVM appended to the scratch file goes to the share's records file first,
-    and its key beside it (the records before the key: a line without a key is keyed at the next open)."""
+    and its key beside it (the records before the key: a line without a key is keyed at the next open).
+    `key`: the record's (trace key, tensorized) when the caller has it (else computed here)."""
     from .database import fsync_file
 
     opened = _opened(database)
@@ -120,7 +121,7 @@ def commit_durably(database, record) -> None:
         if path:
             fsync_file(str(path))
         return
-    key, mark = trace_keys.key_and_mark(record.trace)
+    key, mark = key if key is not None else trace_keys.key_and_mark(record.trace)
     with opened.lock:
         size = os.path.getsize(opened.scratch)
         database.commit_tuning_record(record)

@@ -132,19 +132,16 @@ class Pipeline:
         untuned: dict[str, Measured] = {}
         fallen: ShareJob | None = None
         for job in group:
+            if fallen is None:  # once one share fell back, the rest follow it below, unmeasured in fp16
+                untuned[job.label] = self._measure_untuned(job, sessions[job.label], loaded, settle=settle)
+                fallen = job if job.label in self.precision_fallbacks else None
+        for job in group:  # every other share of the group, also those measured in fp16 before it fell back
             if fallen is not None and self._follows_fallback(job):
                 self._adopt_fp32(job, fallen, loaded)
                 untuned[job.label] = self._measure(job, sessions[job.label], path=self._untuned_path(job),
                                                    database=None, what="the untuned fp32 model", settle=settle)
-                continue
-            untuned[job.label] = self._measure_untuned(job, sessions[job.label], loaded, settle=settle)
-            if fallen is None and job.label in self.precision_fallbacks:
-                fallen = job
-        for job in group:  # the shares measured in fp16 before one fell back
-            if fallen is not None and self._follows_fallback(job):
-                self._adopt_fp32(job, fallen, loaded)
-                untuned[job.label] = self._measure(job, sessions[job.label], path=self._untuned_path(job),
-                                                   database=None, what="the untuned fp32 model", settle=settle)
+            elif job.label not in untuned:  # one that cannot follow (its fp16 records are kept): as it is
+                untuned[job.label] = self._measure_untuned(job, sessions[job.label], loaded, settle=settle)
         return untuned
 
     def _follows_fallback(self, job: ShareJob) -> bool:
