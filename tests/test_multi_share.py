@@ -48,6 +48,7 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
         assert per_share[label]["trials"]["measured"] == 12
         assert per_share[label]["phases"]["proposed_by"]["cpu100"] >= 1
         assert per_share[label]["phases"]["proposed_by"]["cpu50"] >= 1  # both shares' searches steered it
+        assert per_share[label]["phases"]["open_records_s"] >= 0  # each share's open is timed on its own
         assert os.path.exists(per_share[label]["artifact"])
     # The share-robust artifact: measured at every share next to every share's own artifact.
     robust = report["robust"]

@@ -108,8 +108,13 @@ class LocalExecutor:
         warm = self._warm_ups.take(lambda stack, steps: self._start(group, sessions, stack, steps))
         try:
             fleets, engine = warm.result()
-            shares = [ShareToMeasure(job.label, self._open_records(job.db_dir), fleets[job.label][1], job.db_dir)
-                      for job in group]
+            # timed per share: a resumed run's open was most of its start-up before records.tuning_database
+            opened, shares = {}, []
+            for job in group:
+                clock = time.perf_counter()
+                shares.append(ShareToMeasure(job.label, self._open_records(job.db_dir), fleets[job.label][1],
+                                             job.db_dir))
+                opened[job.label] = round(time.perf_counter() - clock, 3)
             started = {"engine": engine} if engine is not None else {}
             if len(group) > 1:
                 first = group[0]
@@ -126,6 +131,7 @@ class LocalExecutor:
                 outcomes[label].server_restarts = fleet.restarts
                 outcomes[label].faults = {**fleet.fault_counts(), **outcomes[label].faults}
                 outcomes[label].phases["warm_up"] = warm.describe()
+                outcomes[label].phases["open_records_s"] = opened[label]
         finally:
             warm.close()  # the servers and build workers go now, before the tuned model is compiled and timed
         return outcomes
