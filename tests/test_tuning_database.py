@@ -75,3 +75,12 @@ def test_a_commit_lands_in_the_shares_records_with_its_key(tuned_dir, tmp_path):
     assert len(open_database(str(db)).get_all_tuning_records()) == 13  # TVM reads what was appended
     assert os.path.getsize(db / SCRATCH) == seeded  # the commit moved out of the scratch file, not copied
     assert len(lean.get_top_k(workload, 20)) > 0  # TVM still holds what it committed
+
+
+def test_keys_appended_after_a_line_cut_off_by_a_crash_are_kept(tmp_path):
+    trace_keys.append_keys(str(tmp_path), [("line-a", "key-a", True)])
+    with open(tmp_path / trace_keys.KEYS, "a") as fh:
+        fh.write('["line-b", "ke')  # the process died mid-append
+    trace_keys.append_keys(str(tmp_path), [("line-c", "key-c", False), ("line-d", "key-d", True)])
+    assert trace_keys.read_keys(str(tmp_path)) == {"line-a": ("key-a", True), "line-c": ("key-c", False),
+                                                  "line-d": ("key-d", True)}

@@ -43,8 +43,27 @@ def test_pool_release_and_status():
     assert pool.take(3) == 3
     pool.report(2, task="conv", best_us=12.5)
     pool.report(1)
-    assert pool.status() == {"available": 1, "released": 4, "reassigned": 3, "measured": 3}
+    assert pool.status() == {"available": 1, "released": 4, "reassigned": 3, "returned": 0, "measured": 3}
     assert pool.best == {"conv": 12.5}
+
+
+def test_a_restarted_client_gives_back_what_its_predecessor_drew_and_never_measured():
+    """A client that drew 8 pool trials died after measuring 3 of them (beyond its task's budget of 4,
+    which the shard's records show as 7 measured): the 5 that died with it go back, once."""
+    pool = TrialPool(20, takers=1)
+    task = _task(0, 1, 10.0, cap=4, measured=4)
+    first = TaskScheduler([task], pool=pool, trials_per_iter=4, pool_key="0")
+    assert first.next_task(set()) is task and task.cap == 8
+    task.measured = 8
+    assert first.next_task(set()) is task and task.cap == 12 and pool.available == 12  # 2 draws of 4
+    # the restart: budgets as planned, `measured` from the shard's records
+    again = TaskScheduler([_task(0, 1, 10.0, cap=4, measured=7)], pool=pool, trials_per_iter=4, pool_key="0")
+    assert again.settle_restart() == 5 and pool.available == 17 and pool.status()["returned"] == 5
+    assert again.settle_restart() == 0 and pool.available == 17  # a second restart returns nothing more
+    # another shard's draws are its own
+    other = TaskScheduler([_task(0, 1, 10.0, cap=4, measured=4)], pool=pool, trials_per_iter=4, pool_key="1")
+    other.next_task(set())
+    assert pool.settle("1", 4) == 0 and pool.available == 13
 
 
 # ---------------------------------------------------------------- task picking

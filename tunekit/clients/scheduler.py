@@ -224,10 +224,18 @@ class TaskScheduler:
         if not hopeful:
             return None
         best = self._best(hopeful)
-        granted = self.pool.take(self.trials_per_iter)
+        granted = self.pool.take(self.trials_per_iter, key=self.pool_key)  # by key: a restart gives back the unmeasured
         best.cap += granted
         best.extra += granted
         return best if granted else None
+
+    def settle_restart(self) -> int:
+        """This client took over the shard of one that died: what it drew from the pool and did not
+        measure goes back. What it did measure beyond the tasks' budgets is in the shard's records, which
+        set each task's `measured` (so call this before any draw). Returns the trials given back."""
+        if self.pool is None or self.pool_key is None:
+            return 0
+        return self.pool.settle(self.pool_key, sum(max(0, t.measured - t.budget) for t in self.tasks))
 
     def release_unused(self, task: TaskState) -> None:
         """A task that will not measure more gives what is left of its cap back to the pool."""

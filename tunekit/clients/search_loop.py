@@ -213,6 +213,10 @@ class SearchLoop:
                                        improving_only=request.improving_only, policy=request.config.task_scheduler,
                                        pool_key=str(request.tag.get("client")) if "client" in request.tag else None,
                                        min_task_share=request.config.min_task_share if negligible_rule else None)
+        # A client started again on a dead one's shard: the pool trials the dead one drew and never
+        # measured go back (the shard's records, counted into each task, say what it did measure).
+        if request.count_existing:
+            self.scheduler.settle_restart()
 
     # ---------------------------------------------------------------- set-up
     def _make_tasks(self, lane: ShareLane, *, first: bool) -> list[TaskState]:

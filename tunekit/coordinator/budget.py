@@ -27,8 +27,10 @@ class TrialPool:
         self.measured = 0
         self.best: dict[str, float] = {}
         self._released_by: dict[str, int] = {}  # key -> the total it declared released so far
+        self._drawn_by: dict[str, int] = {}  # key (a client's shard) -> what it took and may not have measured
+        self.returned = 0  # trials a dead client had taken and not measured, given back when it restarted
 
-    def take(self, wanted: int) -> int:
+    def take(self, wanted: int, key: str | None = None) -> int:
         with self._lock:
             wanted = int(wanted)
             if 0 < self.available < wanted * self.takers:  # the last trials: a part for each taker
@@ -36,7 +38,20 @@ class TrialPool:
             granted = max(0, min(wanted, self.available))
             self.available -= granted
             self.reassigned += granted
+            if key is not None:
+                self._drawn_by[key] = self._drawn_by.get(key, 0) + granted
             return granted
+
+    def settle(self, key: str, used: int) -> int:
+        """A client restarted on its shard: of what its predecessors took under `key`, `used` trials are
+        in the shard's records (measured beyond the tasks' own budgets). The rest died with the client
+        unmeasured and goes back, or the run would measure less than --trials. Returns what went back."""
+        with self._lock:
+            back = max(0, self._drawn_by.get(key, 0) - max(0, int(used)))
+            self._drawn_by[key] = self._drawn_by.get(key, 0) - back
+            self.available += back
+            self.returned += back
+            return back
 
     def release(self, count: int, key: str | None = None) -> None:
         """Give `count` trials back. With `key` (a client's task), `count` is the total that key has
@@ -60,7 +75,7 @@ class TrialPool:
     def status(self) -> dict:
         with self._lock:
             return {"available": self.available, "released": self.released, "reassigned": self.reassigned,
-                    "measured": self.measured}
+                    "returned": self.returned, "measured": self.measured}
 
 
 def ray_pool_class():
@@ -80,10 +95,15 @@ class RemotePool:
     def __init__(self, handle):
         self.handle = handle
 
-    def take(self, wanted: int) -> int:
+    def take(self, wanted: int, key: str | None = None) -> int:
         import ray
 
-        return ray.get(self.handle.take.remote(wanted))
+        return ray.get(self.handle.take.remote(wanted, key))
+
+    def settle(self, key: str, used: int) -> int:
+        import ray
+
+        return ray.get(self.handle.settle.remote(key, used))
 
     def release(self, count: int, key: str | None = None) -> None:
         import ray

@@ -62,5 +62,6 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
-            # reserve: what the pool held at the start (plan.reserve_trials); released: what tasks gave back
+            # reserve: what the pool held at the start (plan.reserve_trials); released: what tasks gave back;
+            # returned: what dead clients had drawn and not measured
             "pool": {**pool_status, "reserve": run.reserve}, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}

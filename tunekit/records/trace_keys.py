@@ -86,8 +86,15 @@ def append_keys(db_dir: str, rows: list[tuple[str, str, bool]]) -> None:
     if not rows:
         return
     path = os.path.join(db_dir, KEYS)
-    with open(path, "a") as fh:
-        fh.write("".join(json.dumps([lid, key, bool(mark)]) + "\n" for lid, key, mark in rows))
+    text = "".join(json.dumps([lid, key, bool(mark)]) + "\n" for lid, key, mark in rows)
+    with open(path, "ab+") as fh:
+        # A crash mid-append leaves a line cut off: start on a line of its own, or the first new row
+        # would run on from it and be lost with it.
+        if fh.seek(0, os.SEEK_END) > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                text = "\n" + text
+        fh.write(text.encode())
         fh.flush()
         os.fsync(fh.fileno())
 
