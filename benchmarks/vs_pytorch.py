@@ -283,7 +283,7 @@ def _out_of_bound(row: dict) -> bool:
 
 def _error_lines(state: dict) -> list[str]:
     """PyTorch's own error against the model in fp32 on the CPU, first output, measured as tunekit's
-    numerics gate measures its artifacts (bounds: fp16 max rel 2e-2, cosine 0.9999)."""
+    numerics gate measures its artifacts (tunekit.numerics.BOUNDS["fp16"])."""
     rows = []
     for name, entry in state["models"].items():
         for share, variants in sorted(entry["pytorch"].items()):
