@@ -64,6 +64,14 @@ class Bench:
     def time_left(self) -> float:
         return self.args.call_s - (time.time() - self.started)
 
+    def enough_time(self, what: str, needs: float) -> bool:
+        """Whether `needs` seconds are left of --call-s; if not, says what is skipped (a resumed call does it)."""
+        if self.time_left() >= needs:
+            return True
+        print(f"{what}: skipped, {self.time_left():.0f} s left of --call-s {self.args.call_s:g} and it needs "
+              f"{needs:.0f}; run the command again to go on", file=sys.stderr, flush=True)
+        return False
+
     def pinned_env(self, pct: int) -> dict:
         """The environment of a process at `pct`% of the GPU, under this benchmark's MPS daemon."""
         from tunekit.shares.mps import MPSDaemon
@@ -93,7 +101,7 @@ class Bench:
                 rows = self.model(name)["pytorch"].setdefault(f"gpu{pct}", {})
                 todo = [v for v in self.args.variants if v not in rows
                         and (not v.startswith("compile") or pct in self.args.compile_pcts)]
-                if not todo or self.time_left() < 60:
+                if not todo or not self.enough_time(f"pytorch {name} gpu{pct}", 60):
                     continue
                 stdout = _run_partial([sys.executable, os.path.join(HERE, "torch_models.py"), "time", "--model",
                                        name, "--variants", ",".join(todo), "--repeats", str(self.args.repeats)],
@@ -110,7 +118,7 @@ class Bench:
         for name in self.args.models:
             entry = self.model(name)["tunekit"]
             pcts = [p for p in self.args.pcts if "untuned_ms" not in entry.get(f"gpu{p}", {})]
-            if not pcts or self.time_left() < 90:
+            if not pcts or not self.enough_time(f"untuned {name}", 90):
                 continue
             self.pinned_env(pcts[0])  # the MPS daemon, reused by the command
             proc = _run([sys.executable, "-m", "tunekit.cli", "profile", _onnx(self.args.work, name), "--gpu-pct",
@@ -132,7 +140,7 @@ class Bench:
             spent = entry.get("tuning_s", 0.0)
             due = [b for b in self.args.budgets if b > spent - 1 and not any(c["budget_s"] == b
                                                                                 for c in entry["checkpoints"])]
-            if not due or self.time_left() < self.args.startup_s + 60:
+            if not due or not self.enough_time(f"tune {name} gpu{pct}", self.args.startup_s + 60):
                 return
             budget = min(due[0] - spent, self.time_left() - self.args.startup_s)
             self.pinned_env(pct)
