@@ -163,6 +163,20 @@ def test_numerics_refusal_names_the_output_the_error_and_the_way_out():
     assert far[0]["max_rel_err"] > BOUNDS["fp16"].max_rel_err
 
 
+def test_min_output_cosine_tightens_the_bound_and_is_checked(example_model, tmp_path):
+    """The cosine bound is the user's to set (max rel error loosened here, so only the cosine can refuse):
+    at 1.0, an fp32 build that differs from onnxruntime in its last bits is refused, naming that bound."""
+    cfg = tmp_path / "cosine.yaml"
+    cfg.write_text("max_output_error: 1.0\nmin_output_cosine: 1.0\n")
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", cfg, "--out", tmp_path / "o")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")]
+    assert len(errors) == 1 and "(bound 1)" in errors[0] and "min_output_cosine" in errors[0], proc.stderr[-2000:]
+    cfg.write_text("min_output_cosine: 1.5\n")
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", cfg, "--out", tmp_path / "p")
+    assert proc.returncode != 0 and "min_output_cosine must be a number in (0, 1]" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_tune_refuses_an_artifact_past_the_bound_in_one_line(example_model, tmp_path):
     cfg = tmp_path / "strict.yaml"
     cfg.write_text("max_output_error: 1.0e-12\n")

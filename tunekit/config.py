@@ -24,6 +24,9 @@ class TuneConfig:
     # Refuse an artifact whose outputs differ from onnxruntime's fp32 by more than this (max abs error
     # over the reference's largest magnitude); None: the precision's bound (tunekit.numerics.BOUNDS).
     max_output_error: float | None = None
+    # ... or whose cosine similarity to onnxruntime's fp32 is below this; None: the precision's bound
+    # (0.999 for fp16, 0.99999 for fp32). 0.9999 was fp16's bound until 26 Nov 2026.
+    min_output_cosine: float | None = None
     # ---- several shares (--gpu-pct 20,40,100) in one process: one search, each candidate built once
     # and measured at every share (clients.multi_share); search_per_share: one search per share, as
     # before, for comparison. robust: also the share-robust artifact (run.robust).
@@ -158,6 +161,10 @@ class TuneConfig:
                                                   or isinstance(self.max_output_error, bool)
                                                   or not self.max_output_error > 0):
             raise TunekitError(f"max_output_error must be a positive number, got {self.max_output_error!r}")
+        if self.min_output_cosine is not None and (not isinstance(self.min_output_cosine, (int, float))
+                                                   or isinstance(self.min_output_cosine, bool)
+                                                   or not 0 < self.min_output_cosine <= 1):
+            raise TunekitError(f"min_output_cosine must be a number in (0, 1], got {self.min_output_cosine!r}")
         for name in ("search_per_share", "robust", "search_first_look"):
             if not isinstance(getattr(self, name), bool):
                 raise TunekitError(f"{name} must be true or false, not {getattr(self, name)!r}")

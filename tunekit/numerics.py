@@ -97,7 +97,7 @@ def check(rows: list[dict], *, precision: str, bound: Bound | None = None, what:
     for row in rows:
         rel, cosine = row["max_rel_err"], row["cosine"]
         if not (rel <= bound.max_rel_err and cosine >= bound.min_cosine):  # NaN fails too
-            way_out = "; tune with --precision fp32" if precision != "fp32" else " (bound: max_output_error)"
+            way_out = "; tune with --precision fp32" if precision != "fp32" else " (bounds: max_output_error, min_output_cosine)"
             raise NumericsRefused(f"{what} is refused: output {row['name']!r} differs from onnxruntime's fp32 by "
                             f"{rel:.3g} (max rel error, bound {bound.max_rel_err:g}) with cosine {cosine:.6f} "
                             f"(bound {bound.min_cosine:g}) at {precision}{way_out}")

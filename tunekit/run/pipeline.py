@@ -190,9 +190,9 @@ class Pipeline:
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
         bound = numerics.BOUNDS[job.precision]
-        if self.config.max_output_error is None:
-            return bound
-        return numerics.Bound(max_rel_err=self.config.max_output_error, min_cosine=bound.min_cosine)
+        return numerics.Bound(
+            max_rel_err=bound.max_rel_err if self.config.max_output_error is None else self.config.max_output_error,
+            min_cosine=bound.min_cosine if self.config.min_output_cosine is None else self.config.min_output_cosine)
 
     # ---------------------------------------------------------------- the run
     @contextlib.contextmanager
