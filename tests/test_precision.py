@@ -166,25 +166,29 @@ def test_numerics_refusal_names_the_output_the_error_and_the_way_out():
 def test_min_output_cosine_tightens_the_bound_and_is_checked(example_model, tmp_path):
     """The cosine bound is the user's to set (max rel error loosened here, so only the cosine can refuse):
     at 1.0, an fp32 build that differs from onnxruntime in its last bits is refused, naming that bound."""
-    cfg = tmp_path / "cosine.yaml"
-    cfg.write_text("max_output_error: 1.0\nmin_output_cosine: 1.0\n")
-    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", cfg, "--out", tmp_path / "o")
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")]
-    assert len(errors) == 1 and "(bound 1)" in errors[0] and "min_output_cosine" in errors[0], proc.stderr[-2000:]
-    cfg.write_text("min_output_cosine: 1.5\n")
-    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", cfg, "--out", tmp_path / "p")
+    error = _refusal(example_model, tmp_path, "max_output_error: 1.0\nmin_output_cosine: 1.0\n")
+    assert "(bound 1)" in error and "min_output_cosine" in error
+    proc = _tune_with_config(example_model, tmp_path, "min_output_cosine: 1.5\n")
     assert proc.returncode != 0 and "min_output_cosine must be a number in (0, 1]" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_tune_refuses_an_artifact_past_the_bound_in_one_line(example_model, tmp_path):
-    cfg = tmp_path / "strict.yaml"
-    cfg.write_text("max_output_error: 1.0e-12\n")
-    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", cfg, "--out", tmp_path / "o")
+def _tune_with_config(example_model, tmp_path, config: str):
+    (tmp_path / "gate.yaml").write_text(config)
+    return run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "2", "--config", tmp_path / "gate.yaml",
+                   "--out", tmp_path / "o")
+
+
+def _refusal(example_model, tmp_path, config: str) -> str:
+    """The one error line of a tune that the numerics gate refused (rc 1, no traceback)."""
+    proc = _tune_with_config(example_model, tmp_path, config)
     assert proc.returncode == 1, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")]
-    assert len(errors) == 1 and "'y'" in errors[0] and "refused" in errors[0], proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+    assert len(errors) == 1 and "refused" in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return errors[0]
+
+
+def test_tune_refuses_an_artifact_past_the_bound_in_one_line(example_model, tmp_path):
+    assert "'y'" in _refusal(example_model, tmp_path, "max_output_error: 1.0e-12\n")
     assert not (tmp_path / "o" / "records-cpu50" / "database_tuning_record.json").exists()  # before any tuning
 
 
