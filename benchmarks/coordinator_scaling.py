@@ -103,7 +103,7 @@ def start_neighbours(label: str, clients: int, servers: int, gpus: int, model: s
         cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials * 4),
                "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed + 1 + gpu),
                "--servers", str(servers), "--clients", str(max(1, clients // max(1, gpus))), "--gpus", str(gpu),
-               "--out", out]
+               "--out", out, *(["--config", args.config] if args.config else [])]
         log = open(os.path.join(args.keep_reports, os.path.basename(out) + ".log") if args.keep_reports
                    else out + ".log", "w")
         print(f"[{label}] neighbour on GPU {gpu}, cores {cores[0]}-{cores[-1]}: {' '.join(cmd[3:])}", file=sys.stderr,
@@ -140,6 +140,7 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         cmd += ["--gpus", ",".join(str(g) for g in range(gpus))]
     if client_cores:
         cmd += ["--client-cores", client_cores]
+    cmd += ["--config", args.config] if args.config else []
     if clients is not None:
         for flag in ("ray_address", "client_nodes", "rpc_secret_file"):
             if getattr(args, flag):
@@ -244,6 +245,8 @@ def main() -> None:
     parser.add_argument("--client-nodes", help="Ray setups: where the tuning clients go (any, cpu-only, a resource)")
     parser.add_argument("--rpc-secret-file", help="Ray setups: the secret fleets demand on a cluster of machines")
     parser.add_argument("--no-single-process", action="store_true", help="skip the no-Ray reference run")
+    parser.add_argument("--config", help="a tunekit --config file for every setup, e.g. "
+                                         "benchmarks/configs/search-batches-8.yaml (less search CPU per trial)")
     parser.add_argument("--results", help="write the table here (Markdown; a .json beside it)")
     args = parser.parse_args()
     share_flag = ["--gpu-pct", str(args.gpu_pct)] if args.gpu_pct else ["--cpu-pct", str(args.cpu_pct or 50)]
