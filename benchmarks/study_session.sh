@@ -28,7 +28,8 @@
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
 #   budgets per model: tuned at BUDGET_PCTS (default 40; 40,100: one search measured at both) for TIME_STEPS
 #           (default 600,1200; TIME_STEPS_<model> for one) more seconds each, resumed on one out dir: issue 13's 10- and 30-minute columns
-#           (report[-gpu<P>]-<seconds of tuning>.json per step; RESUME_DIR + BUDGET_DONE_S go on from an earlier lease)
+#           (report[-gpu<P>]-<seconds of tuning>.json per step; RESUME_DIR + BUDGET_DONE_S go on from an earlier lease,
+#           BUDGET_DONE_S_<model> for one model)
 #   study   per model: `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --trials $TRIALS --time-budget $TIME_S`,
 #           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model>, TIME_S_<model>, FLAGS_<model> override per model.
 #           RESUME_DIR=D: D/records-<model>.tgz (an earlier lease's study) is unpacked and goes on (--resume;
@@ -137,7 +138,8 @@ case "$1" in
              # seconds of tuning on the same out dir, its report kept as report-<seconds so far>.json (the
              # checkpoints). RESUME_DIR=D: D/records-<model>-budgets.tgz (an earlier lease's) goes on, and
              # BUDGET_DONE_S says how many seconds of tuning it already had.
-             run=$m-budgets; done_s=${BUDGET_DONE_S:-0}; pcts=${BUDGET_PCTS:-40}
+             # BUDGET_DONE_S_<model>: one model's seconds so far, where the lanes' earlier steps differed
+             run=$m-budgets; done_s=BUDGET_DONE_S_$m; done_s=${!done_s:-${BUDGET_DONE_S:-0}}; pcts=${BUDGET_PCTS:-40}
              echo "mkdir -p $R/$run $W/$run"
              resume=""; earlier=$(records_file records-$run)
              [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xf $earlier -C $W/$run"

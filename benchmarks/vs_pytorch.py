@@ -237,7 +237,24 @@ def _machine() -> str:
                              capture_output=True, text=True, timeout=30).stdout.strip()
     except OSError:
         gpu = "no GPU"
-    return f"{gpu}; {os.cpu_count()} CPU cores; Python {platform.python_version()}"
+    return f"{_one_line(gpu)}; {os.cpu_count()} CPU cores; Python {platform.python_version()}"
+
+
+def _one_line(gpus: str) -> str:
+    """nvidia-smi's line per GPU as one line ("4 × NVIDIA H100 80GB HBM3, 580.159.04"): a table's
+    Machine line must not break the markdown on a machine with several GPUs."""
+    counts: dict[str, int] = {}
+    for line in filter(None, (line.strip() for line in gpus.splitlines())):
+        counts[line] = counts.get(line, 0) + 1
+    return "; ".join(line if n == 1 else f"{n} × {line}" for line, n in counts.items())
+
+
+def _machine_line(machine: str) -> str:
+    """A results file's machine in one line; files written before _one_line hold a line per GPU, the
+    last one followed by "; <cores>; <Python>"."""
+    *gpus, last = machine.splitlines() or [""]
+    name, _, rest = last.partition("; ")
+    return "; ".join(filter(None, (_one_line("\n".join([*gpus, name])), rest)))
 
 
 def _ms(value) -> str:
@@ -247,7 +264,7 @@ def _ms(value) -> str:
 def table(state: dict) -> str:
     """One row per model and share: PyTorch's variants, tunekit untuned and at each budget, ratio."""
     variants = ("eager-fp32", "graphs-fp32", "compile-fp32", "eager-fp16", "graphs-fp16", "compile-fp16")
-    lines = [f"Machine: {state.get('machine')}", "",
+    lines = [f"Machine: {_machine_line(state.get('machine') or '')}", "",
              "| model | share | PyTorch eager fp32 (TF32) | graphs fp32 (TF32) | compile fp32 (TF32) | eager fp16 | "
              "graphs fp16 | compile fp16 | best PyTorch | tunekit untuned | tunekit tuned (budget: trials, ms) | "
              "tunekit / best PyTorch |", "|" + " --- |" * 2 + " ---: |" * 10]
