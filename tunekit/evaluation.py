@@ -10,15 +10,17 @@ from .run.session import ShareSession, load_model
 from .shares.share import parse_pct_list, share_kind
 
 
-def _numerics_row(loaded, outputs, reference, precision: str) -> dict:
-    from .numerics import BOUNDS, compare_outputs
+def _numerics_row(loaded, outputs, reference, db_dir: str) -> dict:
+    """The artifact's outputs against onnxruntime, judged by the bound its records were tuned under:
+    their precision's, with that run's config overrides (the bound its gate applied)."""
+    from .numerics import bound_for, compare_outputs, within
+    from .records.identity import read_bound_overrides, read_identity
 
     rows = compare_outputs(loaded.output_names, outputs, reference)
-    bound = BOUNDS[precision]
+    precision = read_identity(db_dir).get("precision", "fp32")
+    bound = bound_for(precision, **read_bound_overrides(db_dir))
     return {"max_abs_err_vs_onnxruntime": max(r["max_abs_err"] for r in rows), "numerics": rows,
-            "precision": precision,
-            "numerics_ok": all(r["max_rel_err"] <= bound.max_rel_err and r["cosine"] >= bound.min_cosine
-                               for r in rows)}
+            "precision": precision, "numerics_bound": bound.to_dict(), "numerics_ok": within(rows, bound)}
 
 
 def evaluate_matrix(model: str, *, records: str, gpu_pct=None, cpu_pct=None, input_shapes: dict | None = None,
@@ -27,7 +29,6 @@ def evaluate_matrix(model: str, *, records: str, gpu_pct=None, cpu_pct=None, inp
     """Compile the model once per tuned share found in `records` (with `compile_model`, the API's),
     and measure every such artifact at every requested share."""
     from .records.database import find_share_databases
-    from .records.identity import read_identity
     from .shares.mps import require_gpu
 
     kind = share_kind(gpu_pct, cpu_pct)
@@ -49,7 +50,6 @@ def evaluate_matrix(model: str, *, records: str, gpu_pct=None, cpu_pct=None, inp
             with ShareSession(run_share, allow_unenforced=allow_unenforced_share) as share_session:
                 for label, artifact in artifacts.items():
                     info, outputs = share_session.measure_latency(artifact=artifact, inputs=sample, repeats=repeats)
-                    precision = read_identity(databases[label]).get("precision", "fp32")
                     rows.append({"tuned_at": label, "run_at": run_share.label, **info,
-                                 **_numerics_row(loaded, outputs, reference, precision)})
+                                 **_numerics_row(loaded, outputs, reference, databases[label])})
     return EvalResult(model=os.path.abspath(model), records=os.path.abspath(records), results=rows)

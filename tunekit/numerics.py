@@ -36,6 +36,19 @@ class Bound:
 # transformer example stay under 6.3e-3 and 1 - cos 1.7e-5.
 BOUNDS = {"fp32": Bound(max_rel_err=1e-3, min_cosine=0.99999), "fp16": Bound(max_rel_err=5e-2, min_cosine=0.999)}
 
+
+def bound_for(precision: str, *, max_output_error: float | None = None,
+              min_output_cosine: float | None = None) -> Bound:
+    """The gate's bound at `precision`, with a run's config overrides (None keeps the default)."""
+    default = BOUNDS[precision]
+    return Bound(max_rel_err=default.max_rel_err if max_output_error is None else max_output_error,
+                 min_cosine=default.min_cosine if min_output_cosine is None else min_output_cosine)
+
+
+def within(rows: list[dict], bound: Bound) -> bool:
+    """Every output inside `bound` (NaN is not)."""
+    return all(r["max_rel_err"] <= bound.max_rel_err and r["cosine"] >= bound.min_cosine for r in rows)
+
 # onnxruntime's input type names -> numpy dtypes (an fp16 artifact may take other dtypes than the graph)
 _ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
                "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",

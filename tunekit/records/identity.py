@@ -15,6 +15,9 @@ from ..atomic import write_json_atomic
 from ..errors import TunekitError
 
 IDENTITY_FILE = "tunekit-run.json"
+# The numerics gate's config overrides (max_output_error, min_output_cosine) of the run that made the records:
+# not part of the identity (a resumed run may loosen them), but `evaluate` judges the records' builds by them.
+BOUND_FILE = "tunekit-numerics-bound.json"
 
 
 def model_digest(path: str) -> str:
@@ -78,3 +81,19 @@ def out_dir_lock(out_dir: str):
     finally:
         fcntl.flock(fh, fcntl.LOCK_UN)
         fh.close()
+
+
+def write_bound_overrides(db_dir: str, overrides: dict) -> None:
+    """The numerics gate's overrides this run tunes under ({name: value or None}), rewritten by every run."""
+    os.makedirs(db_dir, exist_ok=True)
+    write_json_atomic(os.path.join(db_dir, BOUND_FILE), overrides, indent=1)
+
+
+def read_bound_overrides(db_dir: str) -> dict:
+    """What write_bound_overrides kept; {} for records made before it (the defaults)."""
+    try:
+        with open(os.path.join(db_dir, BOUND_FILE)) as fh:
+            overrides = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return {k: overrides.get(k) for k in ("max_output_error", "min_output_cosine")}

@@ -78,13 +78,14 @@ class Pipeline:
 
     def _check_identity(self, job: ShareJob, loaded: LoadedModel, *, resume: bool | None = None) -> None:
         from ..records.database import count_trials
-        from ..records.identity import check_or_write, run_identity
+        from ..records.identity import check_or_write, run_identity, write_bound_overrides
 
         identity = run_identity(model_sha256=loaded.digest, share_label=job.label, target=job.target,
                                 device=device_name(job.share), input_shapes=loaded.inputs.shapes,
                                 precision=job.precision)
         check_or_write(job.db_dir, identity, resume=self.config.resume if resume is None else resume,
                        existing_trials=count_trials(job.db_dir))
+        write_bound_overrides(job.db_dir, self._bound_overrides())
 
     def _measure(self, job: ShareJob, session: ShareSession, *, path: str, database, cuda_graph=None,
                  what: str, settle=None) -> Measured:
@@ -189,10 +190,10 @@ class Pipeline:
                                    key=key if database is None else None)
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
-        bound = numerics.BOUNDS[job.precision]
-        return numerics.Bound(
-            max_rel_err=bound.max_rel_err if self.config.max_output_error is None else self.config.max_output_error,
-            min_cosine=bound.min_cosine if self.config.min_output_cosine is None else self.config.min_output_cosine)
+        return numerics.bound_for(job.precision, **self._bound_overrides())
+
+    def _bound_overrides(self) -> dict:
+        return {"max_output_error": self.config.max_output_error, "min_output_cosine": self.config.min_output_cosine}
 
     # ---------------------------------------------------------------- the run
     @contextlib.contextmanager
