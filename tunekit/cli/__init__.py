@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..errors import RunFailed, TunekitError
-from . import commands, deploy, tune
+from . import commands, deploy, native_log, tune
 from .common import (EXIT_CODES, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Parser, add_common,
                      reserve_stdout_for_result)
 
@@ -119,6 +119,9 @@ def main(argv=None) -> int:
 
     argv_list = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in argv_list
+    real_command = argv is None  # not an in-process call from a test or a script
+    if real_command and not debug:
+        native_log.install()  # TVM's C++ log lines to a file, before anything can write them
     if "--json" in argv_list:
         reserve_stdout_for_result()
     _quiet_logs(debug)
@@ -128,5 +131,6 @@ def main(argv=None) -> int:
     try:
         return _run(argv, debug)
     finally:
-        if argv is None:  # the real command (not an in-process call from a test or a script)
+        if real_command:
             _stop_leftover_children()
+            native_log.finish()

@@ -6,6 +6,7 @@ import os
 
 from ..config import CLIENT_CORES
 from ..errors import TunekitError
+from . import native_log
 from .common import EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, input_shapes, show_progress
 
 
@@ -204,6 +205,8 @@ def _robust_lines(robust: dict | None) -> str:
 def run(args) -> int:
     from .. import api
 
+    if args.out:
+        native_log.write_to(args.out)  # TVM's C++ log lines beside the run's records
     if args.slo_ms is not None or args.slo_max_speedup is not None:
         return _tune_slo(args)
     config = tune_config(args)
@@ -212,6 +215,7 @@ def run(args) -> int:
         return _tune_shares(args, config, coordinator)
     result = api.tune(args.model, gpu_pct=_pct(args.gpu_pct, "--gpu-pct"), cpu_pct=_pct(args.cpu_pct, "--cpu-pct"),
                       out=args.out, config=config, coordinator=coordinator, show_progress=show_progress(args))
+    native_log.write_to(os.path.dirname(os.path.abspath(result.report_path)))  # the default out dir
     choice = result.report.get("share_choice", {})
     auto_line = ""
     if choice.get("mode") == "auto":
