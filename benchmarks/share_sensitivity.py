@@ -447,7 +447,6 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tvm").setLevel(logging.ERROR)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    os.environ.setdefault("TVM_LOG_LEVEL", "WARNING")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     models = [m.strip() for spec in (args.model or ["resnet18,transformer"]) for m in spec.split(",") if m.strip()]
     tuned_pcts, run_pcts = _pcts(args.tuned), _pcts(args.run)

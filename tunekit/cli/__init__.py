@@ -87,7 +87,7 @@ def _quiet_logs(debug: bool) -> None:
         # MetaSchedule gives its console handler the level its logger has when the first TuneContext
         # is made (DEBUG if unset): per-iteration tables and XGBoost rounds. Its log files keep them.
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-        os.environ.setdefault("TVM_LOG_LEVEL", "WARNING")
+        # TVM's C++ LOG(...) has no level switch (TVM 0.27 reads only TVM_LOG_DEBUG): cli.native_log.
 
 
 def _run(argv, debug: bool) -> int:
