@@ -46,8 +46,12 @@ def bound_for(precision: str, *, max_output_error: float | None = None,
 
 
 def within(rows: list[dict], bound: Bound) -> bool:
-    """Every output inside `bound` (NaN is not)."""
-    return all(r["max_rel_err"] <= bound.max_rel_err and r["cosine"] >= bound.min_cosine for r in rows)
+    """Every output inside `bound`."""
+    return all(_inside(row, bound) for row in rows)
+
+
+def _inside(row: dict, bound: Bound) -> bool:
+    return row["max_rel_err"] <= bound.max_rel_err and row["cosine"] >= bound.min_cosine  # NaN is not
 
 # onnxruntime's input type names -> numpy dtypes (an fp16 artifact may take other dtypes than the graph)
 _ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -109,7 +113,7 @@ def check(rows: list[dict], *, precision: str, bound: Bound | None = None, what:
     bound = bound or BOUNDS[precision]
     for row in rows:
         rel, cosine = row["max_rel_err"], row["cosine"]
-        if not (rel <= bound.max_rel_err and cosine >= bound.min_cosine):  # NaN fails too
+        if not _inside(row, bound):
             way_out = "; tune with --precision fp32" if precision != "fp32" else " (bounds: max_output_error, min_output_cosine)"
             raise NumericsRefused(f"{what} is refused: output {row['name']!r} differs from onnxruntime's fp32 by "
                             f"{rel:.3g} (max rel error, bound {bound.max_rel_err:g}) with cosine {cosine:.6f} "
