@@ -174,6 +174,7 @@ def _tune_shares(args, config, coordinator) -> int:
 
     result = api.tune_shares(args.model, gpu_pct=args.gpu_pct, cpu_pct=args.cpu_pct, out=args.out, config=config,
                              coordinator=coordinator, show_progress=show_progress(args))
+    native_log.write_to(result.out_dir)  # the default out dir
     payload = {"out_dir": result.out_dir, "report_path": result.report_path, "report": result.report}
     emit(args, payload, result.report["table_md"] + f"\n\n{result.report['search']}; "
          f"{result.report['tasks_whose_best_differs']} task(s) have a different best record per share"
