@@ -17,6 +17,7 @@ import pytest
 from conftest import has_gpu
 
 from tunekit.errors import TunekitError
+from tunekit.testing import run_cli
 
 
 def build_artifact(onnx_path: str, artifact: str, *, target, share_label=None):
@@ -286,6 +287,47 @@ def test_torch_cpu_tensors_in_torch_out_without_copy(tiny, model):
         model(x.double())
     one_line_error(excinfo, "input 'x'", "got shape [1, 3, 64, 64] float64")
 
+
+
+# ---- a tune out dir in place of the artifact ----------------------------------------------------
+
+def out_dir_like_tune(tiny, root, *names) -> str:
+    """What `tunekit tune` leaves: the tuned model(s) and the untuned baselines, each with its .json."""
+    from tunekit.deploy import metadata_path
+
+    root.mkdir()
+    for name in names:
+        shutil.copy(tiny.artifact, root / name)
+        shutil.copy(metadata_path(tiny.artifact), metadata_path(str(root / name)))
+    return str(root)
+
+
+def test_a_tune_out_dir_names_its_one_tuned_model(tiny, model, tmp_path):
+    from tunekit.deploy import load, run_once
+
+    out = out_dir_like_tune(tiny, tmp_path / "one", "tiny_cnn-cpu50.so", "untuned.so", "untuned-cpu100.so")
+    loaded = load(out)
+    assert loaded.artifact == os.path.join(out, "tiny_cnn-cpu50.so")
+    np.testing.assert_array_equal(loaded(tiny.x), model(tiny.x))
+    assert run_once(out, inputs={}, output=None)["artifact"] == os.path.join(out, "tiny_cnn-cpu50.so")
+
+    several = out_dir_like_tune(tiny, tmp_path / "two", "tiny_cnn-cpu50.so", "tiny_cnn-cpu100.so", "untuned-cpu50.so")
+    with pytest.raises(TunekitError) as excinfo:
+        load(several)
+    one_line_error(excinfo, "holds 2 compiled models", "tiny_cnn-cpu100.so, tiny_cnn-cpu50.so", "name one")
+    with pytest.raises(TunekitError) as excinfo:
+        load(out_dir_like_tune(tiny, tmp_path / "none", "untuned.so"))
+    one_line_error(excinfo, "no compiled model in", "<model>-<share>.so")
+
+
+def test_bench_takes_a_loaded_model_or_a_tune_out_dir(tiny, model, tmp_path):
+    from tunekit.deploy import bench
+
+    assert bench(model, cpu_pct=50, repeats=3, warmup=1).artifact == tiny.artifact
+    out = out_dir_like_tune(tiny, tmp_path / "out", "tiny_cnn-cpu50.so", "untuned.so")
+    ran = run_cli("bench", out, "--cpu-pct", "50", "--repeats", "3", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["artifact"] == os.path.join(out, "tiny_cnn-cpu50.so")
 
 # ---- run_once -----------------------------------------------------------------------------------
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 from ..errors import TunekitError
 from .common import EXIT_OK, emit
 
+ARTIFACT_HELP = ("a compiled model (.so, its metadata .json beside it), or the out dir of a tunekit tune run "
+                 "that holds one")
+
 
 def add_run(p) -> None:
-    p.add_argument("artifact", help="a compiled model (.so) with its metadata (.json) beside it")
+    p.add_argument("artifact", help=ARTIFACT_HELP)
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input from a .npy file (repeat for several; inputs not given are random)")
     p.add_argument("--output", metavar="OUT.npz", help="write every output here (keys: the output names)")
@@ -37,7 +40,7 @@ def run_command(args) -> int:
 
 
 def add_bench(p) -> None:
-    p.add_argument("artifact", help="a compiled model (.so) with its metadata (.json) beside it")
+    p.add_argument("artifact", help=ARTIFACT_HELP)
     p.add_argument("--gpu-pct", type=int, help="measure at this share of the GPU's SMs (MPS)")
     p.add_argument("--cpu-pct", type=int, help="measure at this share of the CPU cores")
     p.add_argument("--repeats", type=int, default=100)

@@ -4,6 +4,7 @@
   compat.py        can this artifact run here (TVM version, device kind, GPU architecture)
   arrays.py        numpy / torch arrays <-> TVM tensors (DLPack, no copy for torch)
   library.py       an artifact loaded as its file is now (dlopen keeps the first load of a path)
+  locate.py        which artifact a path names: the file, or the one tuned model of a tune out dir
   model.py         load() -> TunedModel, callable with arrays
   runner.py        run_once(): inputs from .npy files (or random), outputs to an .npz
   bench.py         bench(): latency percentiles at a share in a pinned subprocess (bench_worker.py),

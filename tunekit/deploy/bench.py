@@ -22,6 +22,7 @@ from ..errors import RunFailed, TunekitError
 from ..shares.share import Share, share_kind
 from .arrays import random_inputs
 from .compat import DeviceSpec, check_build
+from .locate import locate_artifact
 from .metadata import ArtifactMetadata, read_metadata
 from .npzfiles import read_npz, write_npz
 
@@ -90,10 +91,11 @@ def bench_share(meta: ArtifactMetadata, *, gpu_pct, cpu_pct) -> Share:
 def bench(artifact: str, *, gpu_pct: int | None = None, cpu_pct: int | None = None, repeats: int = 100,
           warmup: int = 10, compare_onnx: str | None = None, allow_unenforced_share: bool = False,
           timeout_s: float = 600, variant: str | None = "auto") -> BenchResult:
+    """Latency percentiles of `artifact` (a compiled model, a tune out dir holding one, or a loaded
+    TunedModel, whose file is measured) at a share, in a subprocess pinned to it."""
     from ..run.session import ShareSession
 
-    if not os.path.isfile(artifact):
-        raise TunekitError(f"compiled model not found: {artifact}")
+    artifact = locate_artifact(getattr(artifact, "artifact", artifact))  # a path, a tune out dir, a TunedModel
     if repeats < 1 or warmup < 0:
         raise TunekitError(f"repeats must be >= 1 and warmup >= 0 (got {repeats} and {warmup})")
     if compare_onnx and not os.path.isfile(compare_onnx):

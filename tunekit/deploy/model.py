@@ -13,6 +13,7 @@ from ..errors import TunekitError
 from .arrays import TORCH, array_kind, from_tvm, input_problem, to_tvm
 from .compat import DeviceSpec, check_runnable, parse_device
 from .library import load_library
+from .locate import locate_artifact
 from .metadata import ArtifactMetadata, TensorSpec, read_metadata
 from .variants import AUTO, VariantChoice, choose_variant, variants_of
 
@@ -132,15 +133,15 @@ def flatten_outputs(result) -> list:
 
 
 def load(artifact: str, *, device=None, variant: str | None = AUTO) -> TunedModel:
-    """Load a compiled model (`.so`) and its metadata (`.json` beside it) on `device`
+    """Load a compiled model (`.so`, or the out dir of a `tunekit tune` run that holds one) and its
+    metadata (`.json` beside it) on `device`
     (None: the artifact's own kind, device 0; or "cpu", "cuda", "cuda:1", a tvm or torch device).
     Refused in one line when it cannot run here (TVM version, GPU architecture, no GPU).
 
     `variant` matters only for a share-robust artifact (`tunekit tune --robust`), which carries one
     set of schedules per share: "auto" times each on random inputs here (about a second) and keeps
     the fastest, a share label ("gpu40") takes that share's, None or "main" the static choice."""
-    if not os.path.isfile(artifact):
-        raise TunekitError(f"compiled model not found: {artifact}")
+    artifact = locate_artifact(artifact)
     meta = read_metadata(artifact)
     where = parse_device(device, default_kind=meta.device_kind)
     check_runnable(artifact, meta, where)

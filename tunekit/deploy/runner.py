@@ -54,7 +54,7 @@ def run_once(artifact: str, *, inputs: dict[str, str] | None = None, output: str
     named = {spec.name: value for spec, value in zip(model.outputs, values)}
     if output:
         _write_outputs(output, named)
-    return {"artifact": artifact, "device": str(model.device), "share": model.share,
+    return {"artifact": model.artifact, "device": str(model.device), "share": model.share,
             "inputs": {name: (inputs or {}).get(name, "random") for name in feed},
             "outputs": [{"name": name, "shape": list(value.shape), "dtype": value.dtype.name}
                         for name, value in named.items()],

@@ -339,7 +339,9 @@ class Pipeline:
 
     # ---------------------------------------------------------------- after tuning
     def _untuned_path(self, job: ShareJob) -> str:
-        return os.path.join(self.out, "untuned.so" if len(self.shares) == 1 else f"untuned-{job.label}.so")
+        from ..deploy.locate import untuned_artifact_name
+
+        return os.path.join(self.out, untuned_artifact_name(None if len(self.shares) == 1 else job.label))
 
     def _records_to_apply(self, job: ShareJob, outcome):
         from ..clients.compiler import records_worth_applying
