@@ -50,3 +50,14 @@ def test_the_filter_keeps_tvm_lines_and_their_continuations_and_passes_the_rest(
     assert [line.split(": ")[-1].strip() for line in kept] == [
         "parent hidden", "continued hidden", "child hidden", "late hidden"]
     assert "4 line(s) of TVM's C++ log" in proc.stderr, proc.stderr
+
+
+def test_version_names_tunekit_and_the_stack_it_runs_on():
+    from importlib import metadata
+
+    ran = run_cli("--version")
+    assert ran.returncode == 0, ran.stderr
+    line = ran.stdout.strip()
+    assert "\n" not in line and line.startswith(f"tunekit {metadata.version('tunekit')} ("), line
+    for name in ("apache-tvm", "apache-tvm-ffi", "ray"):
+        assert f"{name} {metadata.version(name)}" in line, line

@@ -33,10 +33,32 @@ _COMMANDS = {
 }
 
 
+class _Version(argparse.Action):
+    """`tunekit --version`: tunekit and the packages a bug report needs (TVM and its FFI, whose versions
+    must match the pins; Ray), read from the installed metadata without importing them (TVM is slow)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+
+        def installed(name: str) -> str:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                return "not installed"
+
+        stack = ", ".join(f"{name} {installed(name)}" for name in ("apache-tvm", "apache-tvm-ffi", "ray"))
+        print(f"tunekit {installed('tunekit')} ({stack}; python {sys.version.split()[0]})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     epilog = "exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
     parser = Parser(prog="tunekit", description="Tune a DNN for the GPU/CPU share it will run on.", epilog=epilog,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, help="print tunekit's version and the stack's, then exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, (help_text, add_arguments, _) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
