@@ -288,7 +288,6 @@ def test_torch_cpu_tensors_in_torch_out_without_copy(tiny, model):
     one_line_error(excinfo, "input 'x'", "got shape [1, 3, 64, 64] float64")
 
 
-
 # ---- a tune out dir in place of the artifact ----------------------------------------------------
 
 def out_dir_like_tune(tiny, root, *names) -> str:
@@ -328,6 +327,7 @@ def test_bench_takes_a_loaded_model_or_a_tune_out_dir(tiny, model, tmp_path):
     ran = run_cli("bench", out, "--cpu-pct", "50", "--repeats", "3", "--json")
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["artifact"] == os.path.join(out, "tiny_cnn-cpu50.so")
+
 
 # ---- run_once -----------------------------------------------------------------------------------
 
