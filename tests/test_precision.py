@@ -161,6 +161,21 @@ def test_numerics_refusal_names_the_output_the_error_and_the_way_out():
     text = str(caught.value)
     assert "'logits'" in text and "0.1" in text and "--precision fp32" in text and "\n" not in text
     assert far[0]["max_rel_err"] > BOUNDS["fp16"].max_rel_err
+    assert "underflow" not in text  # the reference is well inside fp16's range
+
+
+def test_fp16_refusal_says_when_the_reference_itself_is_below_fp16s_range():
+    """A model whose fp32 outputs are ~1e-9 (MobileNetV2 with fresh weights and uncalibrated BatchNorm) cannot
+    be built in fp16 however it is scheduled; the refusal says so instead of only 'cosine 0'."""
+    ref = [np.linspace(-1e-9, 1e-9, 100, dtype=np.float32)]
+    zeros = compare_outputs(["536"], [np.zeros(100, dtype=np.float32)], ref)
+    with pytest.raises(RunFailed) as caught:
+        check(zeros, precision="fp16")
+    text = str(caught.value)
+    assert "underflow in fp16" in text and "1e-09" in text and "--precision fp32" in text and "\n" not in text
+    with pytest.raises(RunFailed) as caught:  # in fp32 the same tiny outputs are not an fp16 range problem
+        check(zeros, precision="fp32")
+    assert "underflow" not in str(caught.value)
 
 
 def test_min_output_cosine_tightens_the_bound_and_is_checked(example_model, tmp_path):

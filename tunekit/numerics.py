@@ -92,7 +92,8 @@ def compare(actual, reference) -> dict:
     scale = float(np.abs(b).max()) if b.size else 0.0
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
     cosine = float(a @ b / norms) if norms > 0 else (1.0 if not a.any() and not b.any() else 0.0)
-    return {"max_abs_err": max_abs, "max_rel_err": max_abs / scale if scale > 0 else max_abs, "cosine": cosine}
+    return {"max_abs_err": max_abs, "max_rel_err": max_abs / scale if scale > 0 else max_abs, "cosine": cosine,
+            "reference_max_abs": scale}
 
 
 def compare_outputs(names: list[str], outputs: list, reference: list) -> list[dict]:
@@ -102,6 +103,21 @@ def compare_outputs(names: list[str], outputs: list, reference: list) -> list[di
                            "is it the model the artifact was built from?")
     return [{"name": name, "shape": list(np.shape(out)), **compare(out, ref)}
             for name, out, ref in zip(names, outputs, reference)]
+
+
+# fp16's smallest normal number. A model whose fp32 outputs all lie below it has activations that fp16 flushes
+# to zero or to a few bits, so an fp16 build returns near-zeros (cosine 0), however it is scheduled. Seen as a
+# user: torchvision's MobileNetV2 with fresh weights and BatchNorm never calibrated has logits of ~1e-9.
+FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)
+
+
+def _underflow_hint(row: dict, precision: str) -> str:
+    """Why an fp16 output cannot be right, when the reference itself is below fp16's range."""
+    scale = row.get("reference_max_abs")
+    if precision != "fp16" or scale is None or scale >= FP16_SMALLEST_NORMAL:
+        return ""
+    return (f"; onnxruntime's {row['name']!r} is at most {scale:.2g} in magnitude, below fp16's range "
+            f"({FP16_SMALLEST_NORMAL:.2g}), so the model's values underflow in fp16 (untrained weights?)")
 
 
 class NumericsRefused(RunFailed):
@@ -117,4 +133,5 @@ def check(rows: list[dict], *, precision: str, bound: Bound | None = None, what:
             way_out = "; tune with --precision fp32" if precision != "fp32" else " (bounds: max_output_error, min_output_cosine)"
             raise NumericsRefused(f"{what} is refused: output {row['name']!r} differs from onnxruntime's fp32 by "
                             f"{rel:.3g} (max rel error, bound {bound.max_rel_err:g}) with cosine {cosine:.6f} "
-                            f"(bound {bound.min_cosine:g}) at {precision}{way_out}")
+                            f"(bound {bound.min_cosine:g}) at {precision}{_underflow_hint(row, precision)}"
+                            f"{way_out}")
