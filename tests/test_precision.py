@@ -176,6 +176,10 @@ def test_fp16_refusal_says_when_the_reference_itself_is_below_fp16s_range():
     with pytest.raises(RunFailed) as caught:  # in fp32 the same tiny outputs are not an fp16 range problem
         check(zeros, precision="fp32")
     assert "underflow" not in str(caught.value)
+    all_zero = compare_outputs(["mask"], [np.ones(4, dtype=np.float32)], [np.zeros(4, dtype=np.float32)])
+    with pytest.raises(RunFailed) as caught:  # an output that is zero everywhere did not underflow
+        check(all_zero, precision="fp16")
+    assert "underflow" not in str(caught.value)
 
 
 def test_min_output_cosine_tightens_the_bound_and_is_checked(example_model, tmp_path):

@@ -114,7 +114,7 @@ FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).tiny)
 def _underflow_hint(row: dict, precision: str) -> str:
     """Why an fp16 output cannot be right, when the reference itself is below fp16's range."""
     scale = row.get("reference_max_abs")
-    if precision != "fp16" or scale is None or scale >= FP16_SMALLEST_NORMAL:
+    if precision != "fp16" or not scale or scale >= FP16_SMALLEST_NORMAL:  # an all-zero output is no underflow
         return ""
     return (f"; onnxruntime's {row['name']!r} is at most {scale:.2g} in magnitude, below fp16's range "
             f"({FP16_SMALLEST_NORMAL:.2g}), so the model's values underflow in fp16 (untrained weights?)")
