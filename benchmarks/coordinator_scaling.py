@@ -180,6 +180,8 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "server_restarts": report.get("server_restarts", 0),
             # when each client was done, in seconds from the start: how balanced its shards were
             "shards_done_s": [s.get("done_s") for s in report["coordinator"]["shards"]] if clients is not None else [],
+            # draws the pool deferred in its last trials: a client with more ahead than its part measured first
+            "pool_deferred": report["coordinator"]["pool"].get("deferred") if clients is not None else None,
             # and when each client's search began: what starting the clients cost
             "shards_start_s": [s["search_started_s"] for s in report["coordinator"]["shards"]
                                if s.get("search_started_s") is not None] if clients is not None else [],
@@ -218,7 +220,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r.get('cores', '')} | {r['tuning_wall_s']:.1f} | "
                      f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
                      f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} | "
-                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)} | "
+                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)}"
+                     f"{f' (pool deferred {d})' if (d := r.get('pool_deferred')) else ''} | "
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
                      f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "
                      f"{_phases(r)} | {'; '.join(r.get('neighbours') or [])} |")

@@ -342,6 +342,25 @@ def tvm_hash(mod):
     return tvm_ffi.structural_hash(mod)
 
 
+def test_the_pool_actor_hears_what_each_client_has_ahead():
+    """What a client tells the pool travels through Ray: the trials it has ahead with its draw, and what it
+    measured since (fire and forget, yet heard before its next draw, as Ray runs one caller's calls in order)."""
+    import ray
+
+    from tunekit.coordinator.budget import RemotePool, ray_pool_class
+
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        pool = RemotePool(ray_pool_class().remote(40, takers=4))
+        assert pool.take(16, key="a", ahead=48) == 0  # more ahead than its part: deferred
+        pool.report(48, key="a")  # a measured all it had: only b's 20 are ahead now ...
+        assert pool.take(16, key="b", ahead=20) == 0  # ... so b's 20 >= ceil((40 + 20) / 4) (before: 27)
+        assert pool.take(16, key="a", ahead=0) == 10
+        assert ray.get(pool.handle.status.remote())["deferred"] == 2
+    finally:
+        ray.shutdown()
+
+
 def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example_model, tmp_path):
     """Ray's own multi-node test cluster: servers go on every node, a tuning client killed with
     SIGKILL mid-run is started again on its shard, and no trial is lost or measured twice."""

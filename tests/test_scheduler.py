@@ -122,6 +122,21 @@ def test_per_task_caps_and_the_pool():
     assert scheduler.next_task({extra.index}) is None  # the pool is empty
 
 
+def test_a_client_tells_the_pool_what_it_has_ahead_and_waits_when_deferred():
+    """In the pool's last trials a client with a long pipeline gets nothing: next_task says None (the loop then
+    measures what is in flight) and the task's cap is unchanged; with the pipeline measured it draws its part."""
+    from tunekit.coordinator.budget import TrialPool
+
+    pool = TrialPool(12, takers=2)
+    tasks = _tasks([100.0, 50.0], cap=8)
+    scheduler = TaskScheduler(tasks, pool=pool, trials_per_iter=8, pool_key="0")
+    _simulate(scheduler, 2, lambda t: t.effective_us * 0.5)  # both spend their own budgets
+    assert scheduler.next_task({0}, ahead=12) is None  # 12 ahead >= ceil((12 + 12) / 2)
+    assert pool.status() == {**pool.status(), "available": 12, "deferred": 1} and tasks[1].cap == 8
+    extra = scheduler.next_task(set(), ahead=0)
+    assert extra is not None and extra.extra == 6 and pool.available == 6  # ceil(12 / 2)
+
+
 def test_unknown_policies_are_refused():
     with pytest.raises(ValueError, match="policy"):
         TaskScheduler([], trials_per_iter=8, policy="round-robin")

@@ -34,6 +34,33 @@ def test_the_pools_last_trials_are_split_over_its_takers():
     assert TrialPool(10, takers=4).take(2) == 2  # a part is at least a quarter of the batch asked for, at least 1
 
 
+def test_in_the_pools_last_trials_a_client_with_a_long_pipeline_measures_it_before_drawing_more():
+    """The pool ran dry while one client still had batches in flight and the others were done (2 x H100, 4
+    clients: the last done 6.4 s after the first). In the last trials, a client whose pipeline holds its
+    part of all that is left draws nothing until it measured; the others draw; the budget stays exact."""
+    pool = TrialPool(40, takers=4)
+    # a: 48 trials in flight; (40 + 48) / 4 = 22 each: a has more than its part
+    assert pool.take(16, key="a", ahead=48) == 0 and pool.available == 40 and pool.status()["deferred"] == 1
+    assert pool.take(16, key="b", ahead=0) == 10  # ceil(40 / 4): the usual part, b had nothing ahead
+    assert pool.take(16, key="c", ahead=4) == 8  # ceil(30 / 4)
+    assert pool.take(16, key="a", ahead=48) == 0  # ceil((22 + 48 + 10 + 12) / 4) = 23: still deferred
+    pool.report(32, key="a")  # a measured two of its batches: 16 ahead, the pool hears it ...
+    assert pool.take(16, key="a", ahead=16) == 0  # ... still not under ceil((22 + 16 + 10 + 12) / 4) = 15
+    pool.report(16, key="a")
+    assert pool.take(16, key="a", ahead=0) == 6  # nothing ahead: its part, ceil(22 / 4)
+    pool.report(10, key="b")  # b measured its part and has nothing ahead: it draws again
+    assert pool.take(16, key="b", ahead=0) == 4
+    assert [pool.take(16, key=k, ahead=0) for k in "dbcd"] == [4, 4, 4, 0] and pool.available == 0
+    assert pool.reassigned == 40 and pool.status()["deferred"] == 3
+    # plenty left, or a client without a key (one process): whole batches, whatever is ahead
+    assert TrialPool(200, takers=4).take(16, key="a", ahead=64) == 16
+    assert TrialPool(40, takers=4).take(16, ahead=64) == 10
+    # a client with nothing ahead always gets a part while the pool holds any: the run cannot stall
+    pool = TrialPool(5, takers=4)
+    pool.take(1, key="x", ahead=1000)
+    assert pool.take(16, key="y", ahead=0) == 4
+
+
 def test_pool_release_and_status():
     pool = TrialPool()
     assert pool.take(1) == 0
@@ -43,7 +70,8 @@ def test_pool_release_and_status():
     assert pool.take(3) == 3
     pool.report(2, task="conv", best_us=12.5)
     pool.report(1)
-    assert pool.status() == {"available": 1, "released": 4, "reassigned": 3, "returned": 0, "measured": 3}
+    assert pool.status() == {"available": 1, "released": 4, "reassigned": 3, "returned": 0, "measured": 3,
+                             "deferred": 0}
     assert pool.best == {"conv": 12.5}
 
 

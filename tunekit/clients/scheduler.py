@@ -206,9 +206,11 @@ class TaskScheduler:
     def _open(self, busy: set[int]) -> list[TaskState]:
         return [t for t in self.tasks if not t.exhausted and not t.negligible and t.index not in busy]
 
-    def next_task(self, busy: set[int]) -> TaskState | None:
+    def next_task(self, busy: set[int], ahead: int = 0) -> TaskState | None:
         """The task to search next; `busy` are the indices of tasks with a batch in flight (a task is
-        never searched again before its last batch came back: the search must hear the results)."""
+        never searched again before its last batch came back: the search must hear the results).
+        `ahead`: the trials of those batches not yet measured, which the pool weighs in its last trials
+        (None back while it defers: measure what is in flight, then ask again)."""
         if self.min_task_share is not None:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
@@ -224,7 +226,8 @@ class TaskScheduler:
         if not hopeful:
             return None
         best = self._best(hopeful)
-        granted = self.pool.take(self.trials_per_iter, key=self.pool_key)  # by key: a restart gives back the unmeasured
+        # by key: a restart gives back the unmeasured, and the pool knows whose pipeline is whose
+        granted = self.pool.take(self.trials_per_iter, key=self.pool_key, ahead=ahead)
         best.cap += granted
         best.extra += granted
         return best if granted else None

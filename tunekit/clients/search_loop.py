@@ -464,7 +464,7 @@ class SearchLoop:
 
     def _report_progress(self, task: TaskState, trials: int) -> None:
         if self.req.pool is not None:
-            self.req.pool.report(trials, task.name, task.best_us)
+            self.req.pool.report(trials, task.name, task.best_us, key=self.scheduler.pool_key)
         if self.req.progress is not None:
             status = f"{task.name[:28]} best {task.best_us:.1f} us" if task.best_us else task.name[:28]
             self.req.progress.advance(trials, status=status)
@@ -558,7 +558,8 @@ class SearchLoop:
                 len(b.fresh) for b in in_flight)
             task = None
             if has_room and not stopping and len(in_flight) < self.depth:
-                task = self.scheduler.next_task({b.task.index for b in in_flight})
+                task = self.scheduler.next_task({b.task.index for b in in_flight},
+                                                ahead=sum(len(b.fresh) for b in in_flight))
             if task is None:
                 if not in_flight:
                     return
