@@ -137,6 +137,25 @@ def test_a_client_tells_the_pool_what_it_has_ahead_and_waits_when_deferred():
     assert extra is not None and extra.extra == 6 and pool.available == 6  # ceil(12 / 2)
 
 
+def test_the_pools_last_trials_go_to_a_task_with_candidates_in_reserve():
+    """A part of the pool's last trials goes to a task that needs no search (candidates left in reserve by
+    its last one) before the task the gradient prefers; a whole batch still follows the gradient."""
+    from tunekit.coordinator.budget import TrialPool
+
+    def spent(reserve: bool, pool: TrialPool) -> tuple[TaskScheduler, list]:
+        tasks = _tasks([100.0, 50.0], cap=8)
+        _simulate(TaskScheduler(tasks, trials_per_iter=8), 2, lambda t: t.effective_us * 0.5)  # budgets spent
+        tasks[1].reserve = [("candidate", "key")] if reserve else []
+        return TaskScheduler(tasks, pool=pool, trials_per_iter=8, pool_key="0"), tasks
+
+    scheduler, tasks = spent(True, TrialPool(100, takers=2))
+    assert scheduler.next_task(set()) is tasks[0]  # a whole batch: the heavier task, as the gradient has it
+    scheduler, tasks = spent(True, TrialPool(10, takers=2))
+    assert scheduler.next_task(set()) is tasks[1] and tasks[1].extra == 5  # ceil(10 / 2), to the task in reserve
+    scheduler, tasks = spent(False, TrialPool(10, takers=2))
+    assert scheduler.next_task(set()) is tasks[0]  # nothing in reserve anywhere: the gradient again
+
+
 def test_unknown_policies_are_refused():
     with pytest.raises(ValueError, match="policy"):
         TaskScheduler([], trials_per_iter=8, policy="round-robin")

@@ -225,12 +225,18 @@ class TaskScheduler:
         hopeful = [t for t in self._open(busy) if t.stale_batches == 0 or not self.improving_only]
         if not hopeful:
             return None
-        best = self._best(hopeful)
         # by key: a restart gives back the unmeasured, and the pool knows whose pipeline is whose
         granted = self.pool.take(self.trials_per_iter, key=self.pool_key, ahead=ahead)
+        if not granted:
+            return None
+        # A part, not a whole batch: the pool's last trials. A task whose last search left candidates in
+        # reserve measures them at once; one that must search first holds its client for a whole search
+        # (6-7 s on the H100 machines) for those few trials, and the run ends with that client.
+        ready = [t for t in hopeful if t.reserve] if granted < self.trials_per_iter else []
+        best = self._best(ready or hopeful)
         best.cap += granted
         best.extra += granted
-        return best if granted else None
+        return best
 
     def settle_restart(self) -> int:
         """This client took over the shard of one that died: what it drew from the pool and did not
