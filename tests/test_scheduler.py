@@ -154,6 +154,10 @@ def test_the_pools_last_trials_go_to_a_task_with_candidates_in_reserve():
     assert scheduler.next_task(set()) is tasks[1] and tasks[1].extra == 5  # ceil(10 / 2), to the task in reserve
     scheduler, tasks = spent(False, TrialPool(10, takers=2))
     assert scheduler.next_task(set()) is tasks[0]  # nothing in reserve anywhere: the gradient again
+    scheduler, tasks = spent(True, TrialPool(10, takers=2))
+    tasks[0].reserve = [("c", "k")]  # the task the gradient prefers holds 1 of the part of 5, tasks[1] all 5
+    tasks[1].reserve = [("c", str(k)) for k in range(5)]
+    assert scheduler.next_task(set()) is tasks[1]
 
 
 def test_unknown_policies_are_refused():

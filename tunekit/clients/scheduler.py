@@ -231,8 +231,11 @@ class TaskScheduler:
             return None
         # A part, not a whole batch: the pool's last trials. A task whose last search left candidates in
         # reserve measures them at once; one that must search first holds its client for a whole search
-        # (6-7 s on the H100 machines) for those few trials, and the run ends with that client.
-        ready = [t for t in hopeful if t.reserve] if granted < self.trials_per_iter else []
+        # (6-7 s on the H100 machines) for those few trials, and the run ends with that client. A reserve
+        # that holds the whole part first: a batch that empties its reserve searches for the rest.
+        ready = []
+        if granted < self.trials_per_iter:
+            ready = [t for t in hopeful if len(t.reserve) >= granted] or [t for t in hopeful if t.reserve]
         best = self._best(ready or hopeful)
         best.cap += granted
         best.extra += granted
