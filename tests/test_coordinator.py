@@ -223,6 +223,10 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
         rows[0]["cores"], sum(row["build_workers"] for row in rows)), rows
     # and when each client's search began (before it was done)
     assert all(0 <= shard["search_started_s"] < shard["done_s"] for shard in coord["shards"]), coord["shards"]
+    # and when each client last drew from the pool (the tail is what it did after): the clients that drew
+    drew = {t["client"] for t in report["tasks"] if t["extra"]}
+    assert drew and {s["client"] for s in coord["shards"] if s["last_draw_s"] is not None} == drew, coord["shards"]
+    assert all(0 < s["last_draw_s"] <= s["done_s"] + 0.005 for s in coord["shards"] if s["client"] in drew)
     # The fleets and the clients (TVM imported, engine and build workers started) were started in the warm-up,
     # beside the untuned model, so the tuning wall starts with the first search
     assert all(shard["ready_before_tuning"] is True for shard in coord["shards"]), coord["shards"]

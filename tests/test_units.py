@@ -43,6 +43,7 @@ def test_in_the_pools_last_trials_a_client_with_a_long_pipeline_measures_it_befo
     assert pool.take(16, key="a", ahead=48) == 0 and pool.available == 40 and pool.status()["deferred"] == 1
     assert pool.take(16, key="b", ahead=0) == 10  # ceil(40 / 4): the usual part, b had nothing ahead
     assert pool.take(16, key="c", ahead=4) == 8  # ceil(30 / 4)
+    assert set(pool.last_grants()) == {"b", "c"}  # when each client last drew (a deferred draw is none)
     assert pool.take(16, key="a", ahead=48) == 0  # ceil((22 + 48 + 10 + 12) / 4) = 23: still deferred
     pool.report(32, key="a")  # a measured two of its batches: 16 ahead, the pool hears it ...
     assert pool.take(16, key="a", ahead=16) == 0  # ... still not under ceil((22 + 16 + 10 + 12) / 4) = 15

@@ -8,6 +8,7 @@ exactly. The pool also counts the trials clients report, which drives the progre
 from __future__ import annotations
 
 import threading
+import time
 
 
 class TrialPool:
@@ -40,6 +41,7 @@ class TrialPool:
         # reported measured since: each client's pipeline as the pool last heard of it
         self._ahead: dict[str, int] = {}
         self.deferred = 0  # draws refused because the client's pipeline held more than its part
+        self._last_grant: dict[str, float] = {}  # key -> when (time.time()) it was last granted trials
 
     def take(self, wanted: int, key: str | None = None, ahead: int = 0) -> int:
         with self._lock:
@@ -57,6 +59,8 @@ class TrialPool:
             if key is not None:
                 self._drawn_by[key] = self._drawn_by.get(key, 0) + granted
                 self._ahead[key] += granted
+                if granted:
+                    self._last_grant[key] = time.time()
             return granted
 
     def _fair_part(self) -> int:
@@ -96,6 +100,11 @@ class TrialPool:
                 self._ahead[key] = max(0, self._ahead[key] - int(measured))
             if task is not None and best_us is not None:
                 self.best[task] = best_us
+
+    def last_grants(self) -> dict[str, float]:
+        """When each client last drew trials (time.time()): what it did after is the run's tail."""
+        with self._lock:
+            return dict(self._last_grant)
 
     def status(self) -> dict:
         with self._lock:

@@ -590,5 +590,6 @@ class RayExecutor:
             session_failures=sum(o["session_failures"] for o in outcomes), faults=faults,
             server_restarts=run.server_restarts,
             extra={"coordinator": coordinator_section(run, ray.get(run.pool.status.remote()), merged, self.run_id,
-                                                      self.config.servers, client_nodes=self.coord.client_nodes)},
+                                                      self.config.servers, client_nodes=self.coord.client_nodes,
+                                                      last_grants=ray.get(run.pool.last_grants.remote()))},
             environment=self.cluster.describe())

@@ -40,7 +40,7 @@ def sum_phases(phase_dicts: list[dict], wall_s: float, trials: int) -> dict:
 
 
 def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, servers: int,
-                        client_nodes: str = "any") -> dict:
+                        client_nodes: str = "any", last_grants: dict | None = None) -> dict:
     """report.json's "coordinator": clients and where they ran, fleets, each shard's tasks, budget
     and cost, the pool. `ran_on` has one row per start of a shard's client (node id, IP, cores it
     could use, Ray's CPUs of the node, build workers, pid): more than one when it was restarted."""
@@ -56,6 +56,9 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         # when its client's search began: what starting it cost (Ray actor, TVM import, build
                         # workers), which more GPUs do not shorten
                         "search_started_s": run.search_started_s.get(s),
+                        # when it last drew trials from the pool: from there to done_s is its part of the tail
+                        "last_draw_s": round(last_grants[str(s)] - run.started, 3)
+                        if last_grants and str(s) in last_grants else None,
                         # its client was started and set up (TVM, engine, build workers) in the coordinator's
                         # warm-up, beside the untuned model, not in the tuning wall (false after a restart)
                         "ready_before_tuning": run.outcomes[s].get("ready_before_tuning"),
