@@ -22,9 +22,10 @@ class TrialPool:
     In those last trials a draw also says how many trials its client has `ahead` (proposed, not yet
     measured: up to pipeline_depth batches). A client whose pipeline already holds its part of all that
     is left, in the pool and ahead of every client, gets nothing (`deferred`) and measures what it has
-    first; the trials go to clients with shorter pipelines. Without this the pool ran dry while one
-    client still had batches in flight and the others were done (2 x H100, 4 clients: the last done
-    6.4 s after the first in a 102 s wall, which cost 2 GPUs 1.80x -> 1.77x the trials/s of one)."""
+    first; the trials go to clients with shorter pipelines. It was meant for a run's tail (2 x H100, 4
+    clients: the last done 6.4 s after the first in a 102 s wall, which cost 2 GPUs 1.80x -> 1.77x the
+    trials/s of one). In its one GPU run it deferred once and the tail stayed (6.5 s): the likelier cause
+    is a whole search after a client's last draw, which the scheduler now avoids (reserve first)."""
 
     def __init__(self, available: int = 0, *, takers: int = 1):
         self._lock = threading.Lock()
