@@ -15,6 +15,10 @@ its clients' start-up), plus, for reference, the single-process engine without R
   # +shared, +per-gpu or +split: the setup's --client-cores
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1,4x2x2+shared,4x2x2+per-gpu \
       --cores-per-gpu 16
+  # a setup named twice runs twice: in the order 1, 2, 2, 1 a drift of the machine's speed over the run falls on
+  # both alike, and the table pools each setup's runs (its trials over its tuning walls):
+  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1,4x2x2,4x2x2,2x2x1 \
+      --cores-per-gpu 16 --no-single-process
   # clients on CPU nodes of a cluster, fleets on its GPU node (README: Clients where the CPUs are):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 4x2x1,8x2x2 --no-single-process \
       --ray-address HEAD:6379 --client-nodes tunekit_client --rpc-secret-file ~/.tunekit-secret
@@ -31,6 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from core_probe import rate as cpu_rate  # noqa: E402
 from tuning_time import machine, model_path  # noqa: E402
 
 from tunekit.config import CLIENT_CORES  # noqa: E402
@@ -57,6 +62,13 @@ def cpu_jiffies() -> tuple[int, int]:
         return 0, 0
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+def cpu_speed(cores: list[int] | None, seconds: float = 1.0) -> float:
+    """Loops per second of one process of a pure-Python loop while every one of `cores` (None: all of this
+    process's) runs one."""
+    cores = cores or sorted(os.sched_getaffinity(0))
+    return round(cpu_rate(len(cores), seconds, cores))
 
 
 def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float | None:
@@ -147,6 +159,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
                 cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     cores = setup_cores(gpus, args.cores_per_gpu)
+    # How fast the setup's CPUs run just before and after it: a VM's CPUs drift by a third within a minute
+    # (results/h200x2-resnet18-gpu40-coordinator-768/lease10-core-pairs), and tuning here is CPU-bound.
+    speed_before = cpu_speed(cores)
     neighbours = start_neighbours(label, clients or 1, servers, max(1, gpus), model, share_flag, args, workdir) \
         if busy else []
     started, jiffies = time.time(), cpu_jiffies()
@@ -157,6 +172,7 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         machine_busy = busy_pct(jiffies, cpu_jiffies())
     finally:
         neighbour_states = stop_neighbours(neighbours)
+    speed_after = cpu_speed(cores)
     if neighbour_states:
         print(f"[{label}] neighbours when it ended: {', '.join(neighbour_states)}", file=sys.stderr, flush=True)
     if proc.returncode != 0:
@@ -164,11 +180,13 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
     report = json.loads(proc.stdout)["report"]
     if args.keep_reports:  # the whole report (fleet placement, per-client phases) beside the table
         os.makedirs(args.keep_reports, exist_ok=True)
-        with open(os.path.join(args.keep_reports, label.replace(" ", "").replace("(s)", "") + ".json"), "w") as fh:
+        with open(os.path.join(args.keep_reports, label.replace("(s)", "").replace(" (run ", "-run").replace(")", "").replace(" ", "") + ".json"), "w") as fh:
             json.dump(report, fh, indent=1)
     return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
             "cores": len(cores) if cores else len(os.sched_getaffinity(0)),
             "neighbours": neighbour_states,
+            # loops/s of one of the setup's CPUs, all of them busy, just before and just after the setup
+            "cpu_speed": [speed_before, speed_after],
             # how busy all of the machine's CPUs were meanwhile (the setup's cores and any others)
             "machine_busy_pct": machine_busy,
             "tuning_wall_s": report["tuning_wall_s"], "process_wall_s": round(time.time() - started, 1),
@@ -207,11 +225,13 @@ def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
-             "machine CPUs busy | search, build s/trial | neighbours |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
+             "machine CPUs busy | CPU speed before, after | search, build s/trial | neighbours |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
+             "| --- |"]
+    speed_base = next((r["cpu_speed"][0] for r in rows if r.get("cpu_speed")), None)
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | | | |")
             continue
         if any(not state.startswith("tuning") for state in r.get("neighbours") or []):  # its machine was not busy after all
             r = {**r, "label": f"{r['label']} (a neighbour {', '.join(r['neighbours'])})"}
@@ -224,7 +244,45 @@ def table(rows: list[dict]) -> str:
                      f"{f' (pool deferred {d})' if (d := r.get('pool_deferred')) else ''} | "
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
                      f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "
-                     f"{_phases(r)} | {'; '.join(r.get('neighbours') or [])} |")
+                     f"{_speeds(r, speed_base)} | {_phases(r)} | {'; '.join(r.get('neighbours') or [])} |")
+    return "\n".join(lines) + pooled_table(rows)
+
+
+def _speeds(row: dict, base: float | None) -> str:
+    if not row.get("cpu_speed") or not base:
+        return ""
+    return ", ".join(f"{speed / base:.2f}" for speed in row["cpu_speed"])
+
+
+def setup_name(label: str) -> str:
+    """A setup's label without its repeat's " (run N)"."""
+    return label.split(" (run ")[0]
+
+
+def pooled(rows: list[dict]) -> list[dict]:
+    """Each setup named more than once in --setups, its runs pooled: all their trials over all their tuning
+    walls, in the order of first appearance (the first is the reference)."""
+    by_setup: dict[str, list[dict]] = {}
+    for row in rows:
+        if "error" not in row and row.get("ray"):
+            by_setup.setdefault(setup_name(row["label"]), []).append(row)
+    return [{"setup": name, "runs": len(runs), "trials": sum(r["trials"] for r in runs),
+             "tuning_wall_s": round(sum(r["tuning_wall_s"] for r in runs), 1),
+             "trials_per_s": round(sum(r["trials"] for r in runs) / sum(r["tuning_wall_s"] for r in runs), 3),
+             "each_trials_per_s": [r["trials_per_s"] for r in runs]} for name, runs in by_setup.items()]
+
+
+def pooled_table(rows: list[dict]) -> str:
+    setups = pooled(rows)
+    if not any(s["runs"] > 1 for s in setups):
+        return ""
+    lines = ["", "", "Setups run more than once, pooled (all their trials over all their tuning walls):", "",
+             "| setup | runs | trials | tuning wall (s) | trials/s | each run's trials/s | trials/s vs first |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for s in setups:
+        lines.append(f"| {s['setup']} | {s['runs']} | {s['trials']} | {s['tuning_wall_s']:.1f} | {s['trials_per_s']:.3f} | "
+                     f"{', '.join(f'{x:.3f}' for x in s['each_trials_per_s'])} | "
+                     f"{s['trials_per_s'] / setups[0]['trials_per_s']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -258,6 +316,7 @@ def main() -> None:
     rows = _load(args)
     done = {r["label"] for r in rows if "error" not in r}
     rows = [r for r in rows if "error" not in r]
+    seen: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="tunekit-scaling-") as workdir:
         model = model_path(args.model, workdir)
         for setup in args.setups.split(","):
@@ -270,6 +329,8 @@ def main() -> None:
             clients, servers, gpus, *_ = [int(x) for x in shape.split("x")] + [0]
             label = f"{clients} client(s) x {servers} server(s)" + (f" x {gpus} GPU(s)" if gpus else "") \
                 + (f", {cores_mode} cores" if cores_mode else "") + (", other GPUs busy" if "busy" in mods else "")
+            seen[label] = seen.get(label, 0) + 1
+            label += f" (run {seen[label]})" if seen[label] > 1 else ""
             if label in done:
                 print(f"[{label}] kept from {args.results}", file=sys.stderr)
                 continue

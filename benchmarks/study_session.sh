@@ -19,7 +19,8 @@
 #           14's 2-GPU target), each GPU with COORD_CORES cores (default 16, the H100 machine's), COORD_TRIALS
 #           trials (default 768: the clients' start-up is part of the tuning wall and does not shrink with more
 #           GPUs, so more trials dilute it), and the single process without Ray (COORD_FLAGS=--no-single-process:
-#           not); resumable (setups in its JSON are kept)
+#           not); resumable (setups in its JSON are kept). A setup named twice runs twice and the table pools
+#           its runs: COORD_SETUPS=2x2x1,4x2x2,4x2x2,2x2x1 lets the VM's CPU drift fall on both setups alike
 #   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
 #           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
