@@ -64,11 +64,11 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def cpu_speed(cores: list[int] | None, seconds: float = 1.0) -> float:
-    """Loops per second of one process of a pure-Python loop while every one of `cores` (None: all of this
-    process's) runs one."""
-    cores = cores or sorted(os.sched_getaffinity(0))
-    return round(cpu_rate(len(cores), seconds, cores))
+def cpu_speed(seconds: float = 1.0) -> float:
+    """Loops per second of one process of a pure-Python loop while every CPU this benchmark may use runs one:
+    the same probe before and after every setup, whatever cores the setup gets, so the rows compare."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return round(cpu_rate(len(cpus), seconds, cpus))
 
 
 def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float | None:
@@ -159,9 +159,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
                 cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     cores = setup_cores(gpus, args.cores_per_gpu)
-    # How fast the setup's CPUs run just before and after it: a VM's CPUs drift by a third within a minute
+    # How fast the machine's CPUs run just before and after the setup: a VM's CPUs drift by a third within a minute
     # (results/h200x2-resnet18-gpu40-coordinator-768/lease10-core-pairs), and tuning here is CPU-bound.
-    speed_before = cpu_speed(cores)
+    speed_before = cpu_speed()
     neighbours = start_neighbours(label, clients or 1, servers, max(1, gpus), model, share_flag, args, workdir) \
         if busy else []
     started, jiffies = time.time(), cpu_jiffies()
@@ -172,7 +172,7 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         machine_busy = busy_pct(jiffies, cpu_jiffies())
     finally:
         neighbour_states = stop_neighbours(neighbours)
-    speed_after = cpu_speed(cores)
+    speed_after = cpu_speed()
     if neighbour_states:
         print(f"[{label}] neighbours when it ended: {', '.join(neighbour_states)}", file=sys.stderr, flush=True)
     if proc.returncode != 0:
@@ -185,7 +185,7 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
     return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
             "cores": len(cores) if cores else len(os.sched_getaffinity(0)),
             "neighbours": neighbour_states,
-            # loops/s of one of the setup's CPUs, all of them busy, just before and just after the setup
+            # loops/s of one of the benchmark's CPUs, all of them busy, just before and just after the setup
             "cpu_speed": [speed_before, speed_after],
             # how busy all of the machine's CPUs were meanwhile (the setup's cores and any others)
             "machine_busy_pct": machine_busy,
