@@ -180,7 +180,8 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
     report = json.loads(proc.stdout)["report"]
     if args.keep_reports:  # the whole report (fleet placement, per-client phases) beside the table
         os.makedirs(args.keep_reports, exist_ok=True)
-        with open(os.path.join(args.keep_reports, label.replace("(s)", "").replace(" (run ", "-run").replace(")", "").replace(" ", "") + ".json"), "w") as fh:
+        name = label.replace("(s)", "").replace(" (run ", "-run").replace(")", "").replace(" ", "")
+        with open(os.path.join(args.keep_reports, name + ".json"), "w") as fh:
             json.dump(report, fh, indent=1)
     return {"label": label, "clients": clients or 1, "servers": servers, "gpus": gpus or 1, "ray": clients is not None,
             "cores": len(cores) if cores else len(os.sched_getaffinity(0)),
