@@ -7,6 +7,12 @@ where a candidate's build time went. No GPU is needed to build; on a GPU machine
 the device's.
 
   python benchmarks/build_compile.py --model /tmp/vs/resnet18.onnx --candidates 64 --out DIR
+
+`--scaling 16,32,32,16` instead builds the same candidates with tunekit's compile only, once per entry,
+with that many workers pinned to the first that many CPUs: how the machine's build rate grows with the
+CPUs that build (issue 14's 2-GPU run has twice the build workers of the 1-GPU run on twice the CPUs).
+A count named twice is pooled (all its candidates over all its walls), so the order 16,32,32,16 lets a
+drift of the machine's speed fall on both alike. Tables: build_scaling.md and .json.
 """
 from __future__ import annotations
 
@@ -49,15 +55,15 @@ def sample_candidates(model_path: str, target, count: int, per_task: int, precis
     return picked[:count]
 
 
-def build_all(candidates, target, mode: str, workers: int) -> dict:
-    """Build every candidate with a fresh pool whose workers use `mode`'s compile."""
+def build_all(candidates, target, mode: str, workers: int, cores: list[int] | None = None) -> dict:
+    """Build every candidate with a fresh pool whose workers use `mode`'s compile (on `cores`, if given)."""
     from tvm.s_tir.meta_schedule.builder import BuilderInput
 
     from tunekit.clients.build_pool import BuildPool
     from tunekit.clients.build_profile import ProfileTotals
 
     os.environ["TUNEKIT_CUDA_COMPILE"] = mode  # the pool's workers inherit it when they start
-    pool = BuildPool(workers=workers, timeout_s=300.0, cuda_aot=True)
+    pool = BuildPool(workers=workers, timeout_s=300.0, cuda_aot=True, cores=cores)
     try:
         pool.wait_until_warm()
         # One untimed build per worker first: a worker's first build also loads NVRTC and sets up
@@ -76,6 +82,71 @@ def build_all(candidates, target, mode: str, workers: int) -> dict:
             "candidates_per_s": round(sum(built) / wall, 2), "ok": built, "profile": profile}
 
 
+PHASES = ("total", "passes", "nvrtc", "codegen", "export")
+
+
+def scaling_rows(runs: list[dict]) -> list[dict]:
+    """One row per worker count, in first-seen order: its runs pooled (all candidates over all walls),
+    its rate against the smallest count's, and the per-candidate phase seconds averaged over its runs
+    (wall inside a worker, so they grow when workers slow each other)."""
+    counts: dict[int, list[dict]] = {}
+    for run in runs:
+        counts.setdefault(run["workers"], []).append(run)
+    smallest = min(counts)
+    rate = {w: sum(r["built"] for r in rs) / sum(r["wall_s"] for r in rs) for w, rs in counts.items()}
+    rows = []
+    for workers, rs in counts.items():
+        phases = {k: round(sum(r["profile"][f"{k}_per_candidate_s"] for r in rs) / len(rs), 4) for k in PHASES}
+        rows.append({"workers": workers, "runs": len(rs), "built": sum(r["built"] for r in rs),
+                     "failed": sum(r["failed"] for r in rs), "wall_s": round(sum(r["wall_s"] for r in rs), 2),
+                     "each_candidates_per_s": [r["candidates_per_s"] for r in rs],
+                     "candidates_per_s": round(rate[workers], 3),
+                     "vs_smallest": round(rate[workers] / rate[smallest], 3),
+                     "per_worker_vs_smallest": round(rate[workers] / rate[smallest] * smallest / workers, 3),
+                     "per_candidate_s": phases})
+    return rows
+
+
+def scaling_table(rows: list[dict]) -> str:
+    smallest = min(r["workers"] for r in rows)
+    lines = [f"| workers (CPUs 0..W-1) | runs | built | failed | wall s | candidates/s (each run) | vs {smallest} | "
+             f"per worker vs {smallest} | per candidate: total s | passes s | NVRTC s | codegen s | export s |",
+             "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        p = r["per_candidate_s"]
+        lines.append(f"| {r['workers']} | {r['runs']} | {r['built']} | {r['failed']} | {r['wall_s']} | "
+                     f"{r['candidates_per_s']} ({', '.join(map(str, r['each_candidates_per_s']))}) | "
+                     f"{r['vs_smallest']:.2f}x | {r['per_worker_vs_smallest']:.2f} | {p['total']} | {p['passes']} | "
+                     f"{p['nvrtc']} | {p['codegen']} | {p['export']} |")
+    return "\n".join(lines)
+
+
+def run_scaling(candidates, target, counts: list[int], args, argv, environment) -> int:
+    cpus = sorted(os.sched_getaffinity(0))
+    if max(counts) > len(cpus):
+        raise SystemExit(f"--scaling asks for {max(counts)} workers; this process may use {len(cpus)} CPUs")
+    runs = []
+    for workers in counts:
+        run = build_all(candidates, target, "lean", workers, cores=cpus[:workers])
+        run.pop("ok")
+        runs.append({"workers": workers, **run})
+        print(f"{workers} workers: {run['candidates_per_s']} candidates/s", flush=True)
+    rows = scaling_rows(runs)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "build_scaling.json"), "w") as f:
+        json.dump({"environment": environment, "runs": runs, "rows": rows}, f, indent=1)
+    text = "\n".join([
+        f"Machine: {environment['gpu'] or 'no GPU'}; {environment['host_cpus']} CPUs; target {environment['target']}; "
+        f"{len(candidates)} candidates of {environment['model']} ({args.precision}) from "
+        f"{len(environment['tasks'])} tasks, built with tunekit's compile by W workers pinned to CPUs 0..W-1.", "",
+        f"Command: `python benchmarks/build_compile.py {' '.join(argv or sys.argv[1:])}`", "",
+        scaling_table(rows), ""])
+    with open(os.path.join(args.out, "build_scaling.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True)
@@ -84,8 +155,11 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="fp16")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=2, help="1: TVM then tunekit; 2: also tunekit then TVM")
+    parser.add_argument("--scaling", default=None, metavar="W,W,...",
+                        help="tunekit's compile only, once per worker count (see the module's help)")
     parser.add_argument("--out", default="benchmarks/results/build-compile")
     args = parser.parse_args(argv)
+    counts = [int(w) for w in args.scaling.split(",")] if args.scaling else None
 
     import tvm
 
@@ -94,6 +168,11 @@ def main(argv=None) -> int:
 
     target = cuda_target(gpu_info()) if gpu_present() else tvm.target.Target("nvidia/nvidia-h100")
     candidates = sample_candidates(args.model, target, args.candidates, args.per_task, args.precision)
+    environment = {"host_cpus": os.cpu_count(), "workers": args.workers, "target": str(target.attrs.get("arch", "")),
+                   "gpu": gpu_info().name if gpu_present() else None, "model": os.path.basename(args.model),
+                   "tasks": sorted({name for name, _ in candidates}), "candidates": len(candidates)}
+    if counts:
+        return run_scaling(candidates, target, counts, args, argv, environment)
     order = ("tvm", "lean", "lean", "tvm")[:2 * max(1, min(2, args.rounds))]
     runs = [build_all(candidates, target, mode, args.workers) for mode in order]
     by_mode = {m: [r for r in runs if r["mode"] == m] for m in MODES}
@@ -101,9 +180,6 @@ def main(argv=None) -> int:
     best = {m: min(rs, key=lambda r: r["wall_s"]) for m, rs in by_mode.items()}
     ratio = best["tvm"]["wall_s"] / best["lean"]["wall_s"]
     os.makedirs(args.out, exist_ok=True)
-    environment = {"host_cpus": os.cpu_count(), "workers": args.workers, "target": str(target.attrs.get("arch", "")),
-                   "gpu": gpu_info().name if gpu_present() else None, "model": os.path.basename(args.model),
-                   "tasks": sorted({name for name, _ in candidates}), "candidates": len(candidates)}
     for run in runs:
         run.pop("ok")
     with open(os.path.join(args.out, "build_compile.json"), "w") as f:

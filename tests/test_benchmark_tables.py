@@ -40,3 +40,34 @@ def test_a_setup_run_twice_is_pooled_over_its_runs_and_compared_with_the_first(s
     assert "| 1.00, 0.90 |" in text  # each setup's CPU speed before and after, against the first's before
     # one run of each: no pooled table
     assert "pooled" not in scaling.table(rows[:2])
+
+
+@pytest.fixture(scope="module")
+def build_compile():
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        yield importlib.import_module("build_compile")
+    finally:
+        sys.path.remove(BENCHMARKS)
+
+
+def _build_run(workers, built, wall, total):
+    phases = {f"{k}_per_candidate_s": total if k == "total" else 0.1 for k in ("total", "passes", "nvrtc",
+                                                                              "codegen", "export")}
+    return {"workers": workers, "mode": "lean", "wall_s": wall, "built": built, "failed": 0,
+            "candidates_per_s": round(built / wall, 2), "profile": phases}
+
+
+def test_build_scaling_pools_a_worker_count_over_its_runs_and_compares_with_the_fewest(build_compile):
+    """16, 32, 32, 16 workers: each count's rate is all its candidates over all its walls, and the per-worker
+    column says how much of a worker's rate is left when twice the workers build at once."""
+    runs = [_build_run(16, 96, 12.0, 1.2), _build_run(32, 96, 8.0, 1.6), _build_run(32, 96, 7.0, 1.8),
+            _build_run(16, 96, 13.0, 1.4)]
+    sixteen, thirty_two = build_compile.scaling_rows(runs)
+    assert (sixteen["workers"], sixteen["runs"], sixteen["built"], sixteen["wall_s"]) == (16, 2, 192, 25.0)
+    assert thirty_two["candidates_per_s"] == round(192 / 15.0, 3)
+    assert thirty_two["vs_smallest"] == round((192 / 15.0) / (192 / 25.0), 3)  # 1.67x
+    assert thirty_two["per_worker_vs_smallest"] == round(25.0 / 15.0 / 2, 3)
+    assert thirty_two["per_candidate_s"]["total"] == 1.7
+    table = build_compile.scaling_table([sixteen, thirty_two])
+    assert "| 32 | 2 | 192 | 0 | 15.0 | 12.8 (12.0, 13.71) | 1.67x | 0.83 |" in table
