@@ -8,13 +8,17 @@ import pytest
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-@pytest.fixture(scope="module")
-def scaling():
+def _benchmark(name):
     sys.path.insert(0, BENCHMARKS)
     try:
-        yield importlib.import_module("coordinator_scaling")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(BENCHMARKS)
+
+
+@pytest.fixture(scope="module")
+def scaling():
+    return _benchmark("coordinator_scaling")
 
 
 def _row(label, trials, wall):
@@ -44,11 +48,7 @@ def test_a_setup_run_twice_is_pooled_over_its_runs_and_compared_with_the_first(s
 
 @pytest.fixture(scope="module")
 def build_compile():
-    sys.path.insert(0, BENCHMARKS)
-    try:
-        yield importlib.import_module("build_compile")
-    finally:
-        sys.path.remove(BENCHMARKS)
+    return _benchmark("build_compile")
 
 
 def _build_run(workers, built, wall, total):
