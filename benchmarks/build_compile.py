@@ -125,6 +125,12 @@ def run_scaling(candidates, target, counts: list[int], args, argv, environment) 
     cpus = sorted(os.sched_getaffinity(0))
     if max(counts) > len(cpus):
         raise SystemExit(f"--scaling asks for {max(counts)} workers; this process may use {len(cpus)} CPUs")
+    if args.warm_up_pass:
+        # The first pass over these candidates on a fresh machine was the slowest (NVRTC 0.88 s per
+        # candidate against 0.21 s in the next passes, on the H100 x2), whatever its worker count:
+        # a cold start of the machine, not of the workers. Built once with every CPU and not counted.
+        warm = build_all(candidates, target, "lean", len(cpus), cores=cpus)
+        print(f"warm-up pass ({len(cpus)} workers, not counted): {warm['candidates_per_s']} candidates/s", flush=True)
     runs = []
     for workers in counts:
         run = build_all(candidates, target, "lean", workers, cores=cpus[:workers])
@@ -157,6 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="1: TVM then tunekit; 2: also tunekit then TVM")
     parser.add_argument("--scaling", default=None, metavar="W,W,...",
                         help="tunekit's compile only, once per worker count (see the module's help)")
+    parser.add_argument("--warm-up-pass", action="store_true",
+                        help="with --scaling: build the candidates once with every CPU first, not counted")
     parser.add_argument("--out", default="benchmarks/results/build-compile")
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.scaling.split(",")] if args.scaling else None
