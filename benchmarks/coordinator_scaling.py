@@ -211,22 +211,38 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             # builds on its stage thread)
             "search_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_s"),
             "build_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("build_s"),
+            # and a candidate's build inside a worker, over every client's candidates: the builds' own cost, apart
+            # from a batch's wait for its slowest
+            "worker_s_per_candidate": worker_s_per_candidate(
+                [s.get("build_profile") for s in report["coordinator"]["shards"]]) if clients is not None else None,
             # the cores each client's search and build workers ran on (--client-cores)
             "client_cores": [p.get("client_cores") for s in report["coordinator"]["shards"]
                              for p in s.get("ran_on", [])[-1:]] if clients is not None else []}
 
 
+def worker_s_per_candidate(profiles: list[dict | None]) -> float | None:
+    """Seconds per candidate inside the build workers, over all the clients' candidates (each client's
+    clients.build_profile summary weighted by its candidates); None when no client reported one."""
+    profiles = [p for p in profiles if p and p.get("candidates")]
+    if not profiles:
+        return None
+    return round(sum(p["total_per_candidate_s"] * p["candidates"] for p in profiles)
+                 / sum(p["candidates"] for p in profiles), 4)
+
+
 def _phases(row: dict) -> str:
     if row.get("search_s_per_trial") is None:
         return ""
-    return f"{row['search_s_per_trial']:.3f}, {row['build_s_per_trial']:.3f}"
+    worker = row.get("worker_s_per_candidate")
+    return f"{row['search_s_per_trial']:.3f}, {row['build_s_per_trial']:.3f}" + \
+        ("" if worker is None else f"; {worker:.3f}")
 
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
-             "machine CPUs busy | CPU speed before, after | search, build s/trial | neighbours |",
+             "machine CPUs busy | CPU speed before, after | search, build s/trial; worker s/candidate | neighbours |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
              "| --- |"]
     speed_base = next((r["cpu_speed"][0] for r in rows if r.get("cpu_speed")), None)

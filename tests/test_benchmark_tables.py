@@ -71,3 +71,15 @@ def test_build_scaling_pools_a_worker_count_over_its_runs_and_compares_with_the_
     assert thirty_two["per_candidate_s"]["total"] == 1.7
     table = build_compile.scaling_table([sixteen, thirty_two])
     assert "| 32 | 2 | 192 | 0 | 15.0 | 12.8 (12.0, 13.71) | 1.67x | 0.83 |" in table
+
+
+def test_worker_seconds_per_candidate_weigh_each_client_by_its_candidates(scaling):
+    """The builds' own cost over all clients: a client that built 300 candidates at 0.9 s counts three times
+    one that built 100 at 0.5 s; a client without a profile (a stock engine, an older report) is left out."""
+    profiles = [{"candidates": 300, "total_per_candidate_s": 0.9}, {"candidates": 100, "total_per_candidate_s": 0.5},
+                None, {"candidates": 0, "total_per_candidate_s": 0.0}]
+    assert scaling.worker_s_per_candidate(profiles) == 0.8
+    assert scaling.worker_s_per_candidate([None]) is None
+    row = {**_row("4 client(s) x 2 server(s) x 2 GPU(s)", 768, 100.0), "search_s_per_trial": 0.25,
+           "build_s_per_trial": 0.6, "worker_s_per_candidate": 0.8}
+    assert "| 0.250, 0.600; 0.800 |" in scaling.table([row])

@@ -227,6 +227,9 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     drew = {t["client"] for t in report["tasks"] if t["extra"]}
     assert drew and {s["client"] for s in coord["shards"] if s["last_draw_s"] is not None} == drew, coord["shards"]
     assert all(0 < s["last_draw_s"] <= s["done_s"] + 0.005 for s in coord["shards"] if s["client"] in drew)
+    # and what a candidate's build cost inside each client's workers
+    assert all(s["build_profile"]["candidates"] > 0 and s["build_profile"]["total_per_candidate_s"] > 0
+               for s in coord["shards"]), [s["build_profile"] for s in coord["shards"]]
     # The fleets and the clients (TVM imported, engine and build workers started) were started in the warm-up,
     # beside the untuned model, so the tuning wall starts with the first search
     assert all(shard["ready_before_tuning"] is True for shard in coord["shards"]), coord["shards"]

@@ -135,6 +135,9 @@ class TuningClientImpl:
             tag={"client": self.client_id}, warm_start=warm_start.open_sources(self.config.warm_start)))
         result = dataclasses.asdict(outcome)
         result["hung_candidates"] = self.engine.runner.hangs
+        # seconds per candidate inside this client's build workers, by phase: whether a busier machine slows the
+        # builds themselves or only the batches' waits for them (phases.build_s is the stage thread's wall)
+        result["build_profile"] = self.engine.describe()["build_profile"]
         result["runner_faults"] = self.engine.runner.fault_counts()
         result["pid"] = os.getpid()
         result["ready_before_tuning"] = ready

@@ -63,6 +63,8 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         # warm-up, beside the untuned model, not in the tuning wall (false after a restart)
                         "ready_before_tuning": run.outcomes[s].get("ready_before_tuning"),
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
+                        # its build workers' seconds per candidate, by phase (clients.build_profile)
+                        "build_profile": run.outcomes[s].get("build_profile"),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
             # reserve: what the pool held at the start (plan.reserve_trials); released: what tasks gave back;
