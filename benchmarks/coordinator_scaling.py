@@ -213,6 +213,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "build_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("build_s"),
             # and a candidate's build inside a worker, over every client's candidates: the builds' own cost, apart
             # from a batch's wait for its slowest
+            # how full each client kept its pipeline (mean batches in flight; the depth is the most it may hold)
+            "shards_in_flight": [(s.get("pipeline") or {}).get("mean_in_flight") for s in report["coordinator"]["shards"]]
+            if clients is not None else [],
             "worker_s_per_candidate": worker_s_per_candidate(
                 [s.get("build_profile") for s in report["coordinator"]["shards"]]) if clients is not None else None,
             # the cores each client's search and build workers ran on (--client-cores)
@@ -242,13 +245,14 @@ def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
-             "machine CPUs busy | CPU speed before, after | search, build s/trial; worker s/candidate | neighbours |",
+             "machine CPUs busy | CPU speed before, after | search, build s/trial; worker s/candidate | "
+             "batches in flight (mean) | neighbours |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
-             "| --- |"]
+             "| --- | --- |"]
     speed_base = next((r["cpu_speed"][0] for r in rows if r.get("cpu_speed")), None)
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | | | |")
+            lines.append(f"| {r['label']} | | | | failed: {r['error']} | | | | | | | | | | | | | |")
             continue
         if any(not state.startswith("tuning") for state in r.get("neighbours") or []):  # its machine was not busy after all
             r = {**r, "label": f"{r['label']} (a neighbour {', '.join(r['neighbours'])})"}
@@ -261,7 +265,9 @@ def table(rows: list[dict]) -> str:
                      f"{f' (pool deferred {d})' if (d := r.get('pool_deferred')) else ''} | "
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
                      f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "
-                     f"{_speeds(r, speed_base)} | {_phases(r)} | {'; '.join(r.get('neighbours') or [])} |")
+                     f"{_speeds(r, speed_base)} | {_phases(r)} | "
+                     f"{', '.join(f'{n:.1f}' for n in r.get('shards_in_flight') or [] if n is not None)} | "
+                     f"{'; '.join(r.get('neighbours') or [])} |")
     return "\n".join(lines) + pooled_table(rows)
 
 

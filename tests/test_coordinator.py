@@ -230,6 +230,9 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     # and what a candidate's build cost inside each client's workers
     assert all(s["build_profile"]["candidates"] > 0 and s["build_profile"]["total_per_candidate_s"] > 0
                for s in coord["shards"]), [s["build_profile"] for s in coord["shards"]]
+    # and how full each client kept its pipeline
+    assert all(0 < s["pipeline"]["mean_in_flight"] <= s["pipeline"]["most_in_flight"] <= s["pipeline"]["depth"]
+               for s in coord["shards"]), [s["pipeline"] for s in coord["shards"]]
     # The fleets and the clients (TVM imported, engine and build workers started) were started in the warm-up,
     # beside the untuned model, so the tuning wall starts with the first search
     assert all(shard["ready_before_tuning"] is True for shard in coord["shards"]), coord["shards"]

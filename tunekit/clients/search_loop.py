@@ -191,6 +191,10 @@ class SearchLoop:
         self.search_threads = search_threads
         self.depth = request.config.pipeline_depth_for(request.target.kind.name) if overlap else 1
         self.most_in_flight = 0  # the most batches that were in flight at once (report: phases.pipeline)
+        # batch-seconds in flight over the loop: their mean says how full the pipeline was kept, which a client
+        # with fewer open tasks than `depth` cannot fill (a task has one batch in flight at a time)
+        self._in_flight_s, self._in_flight_count, self._in_flight_since = 0.0, 0, None
+        self._loop_s = 0.0
         self.phases = PhaseTimes()
         self.device_type = "cuda" if request.target.kind.name == "cuda" else "cpu"
         self.lanes = [ShareLane(request.label, request.database, cost_model)] + [
@@ -549,7 +553,23 @@ class SearchLoop:
         self.by_share = {lane.label: self._outcome(wall, lane) for lane in self.lanes}
         return self.by_share[self.lanes[0].label]
 
+    def _note_in_flight(self, in_flight) -> None:
+        """Called whenever a batch enters the pipeline or its join returns: adds up batch-seconds in flight."""
+        now = time.perf_counter()
+        if self._in_flight_since is not None:
+            self._in_flight_s += self._in_flight_count * (now - self._in_flight_since)
+        self._in_flight_since, self._in_flight_count = now, len(in_flight)
+
     def _loop(self, stage, in_flight, started: float, spent: int) -> None:
+        loop_started = time.perf_counter()
+        self._note_in_flight(in_flight)
+        try:
+            self._run_loop(stage, in_flight, started, spent)
+        finally:
+            self._note_in_flight(in_flight)
+            self._loop_s = time.perf_counter() - loop_started
+
+    def _run_loop(self, stage, in_flight, started: float, spent: int) -> None:
         idle_rounds, stopping = 0, False
         while True:
             # Ctrl-C or the time budget spent: launch nothing more, collect what is in flight.
@@ -564,6 +584,7 @@ class SearchLoop:
                 if not in_flight:
                     return
                 spent += self._join(in_flight.popleft())
+                self._note_in_flight(in_flight)  # the batch counted as in flight until its join returned
                 continue
             batch = self._propose(task, self._limit(task, spent, in_flight))
             if batch is None:
@@ -579,6 +600,7 @@ class SearchLoop:
             idle_rounds = 0
             batch.staged = stage.submit(self._build_and_submit, batch)
             in_flight.append(batch)
+            self._note_in_flight(in_flight)
             self.most_in_flight = max(self.most_in_flight, len(in_flight))
 
     def _outcome(self, wall: float, lane: ShareLane) -> LoopOutcome:
@@ -603,7 +625,9 @@ class SearchLoop:
         measured = sum(t.measured for t in lane.tasks)
         return LoopOutcome(measured, sum(t.failed for t in lane.tasks), sum(t.cached for t in lane.tasks), wall, rows,
                            {**self.phases.as_dict(wall, measured), **shared,
-                            "pipeline": {"depth": self.depth, "most_in_flight": self.most_in_flight}},
+                            "pipeline": {"depth": self.depth, "most_in_flight": self.most_in_flight,
+                                         "mean_in_flight": round(self._in_flight_s / self._loop_s, 3)
+                                         if self._loop_s else 0.0}},
                            self.runner.session_failures)
 
     def _measure_untuned(self) -> None:

@@ -65,6 +65,9 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "hung_candidates": run.outcomes[s].get("hung_candidates", 0),
                         # its build workers' seconds per candidate, by phase (clients.build_profile)
                         "build_profile": run.outcomes[s].get("build_profile"),
+                        # how full its pipeline was kept (depth, most and mean batches in flight): a client with
+                        # fewer open tasks than the depth cannot fill it
+                        "pipeline": (run.outcomes[s].get("phases") or {}).get("pipeline"),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
             # reserve: what the pool held at the start (plan.reserve_trials); released: what tasks gave back;
