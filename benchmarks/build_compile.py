@@ -123,8 +123,6 @@ def scaling_table(rows: list[dict]) -> str:
 
 def run_scaling(candidates, target, counts: list[int], args, argv, environment) -> int:
     cpus = sorted(os.sched_getaffinity(0))
-    if max(counts) > len(cpus):
-        raise SystemExit(f"--scaling asks for {max(counts)} workers; this process may use {len(cpus)} CPUs")
     if args.warm_up_pass:
         # The first pass over these candidates on a fresh machine was the slowest (NVRTC 0.88 s per
         # candidate against 0.21 s in the next passes, on the H100 x2), whatever its worker count:
@@ -167,7 +165,15 @@ def main(argv=None) -> int:
                         help="with --scaling: build the candidates once with every CPU first, not counted")
     parser.add_argument("--out", default="benchmarks/results/build-compile")
     args = parser.parse_args(argv)
-    counts = [int(w) for w in args.scaling.split(",")] if args.scaling else None
+    counts = None
+    if args.scaling:  # checked before the minutes of sampling candidates
+        cpus = len(os.sched_getaffinity(0))
+        try:
+            counts = [int(w) for w in args.scaling.split(",")]
+        except ValueError:
+            parser.error(f"--scaling takes worker counts like 16,32,32,16, not {args.scaling!r}")
+        if min(counts) < 1 or max(counts) > cpus:
+            parser.error(f"--scaling counts must be 1..{cpus} (the CPUs this process may use), not {args.scaling}")
 
     import tvm
 
