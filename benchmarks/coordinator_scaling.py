@@ -216,6 +216,9 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             # how full each client kept its pipeline (mean batches in flight; the depth is the most it may hold)
             "shards_in_flight": [(s.get("pipeline") or {}).get("mean_in_flight") for s in report["coordinator"]["shards"]]
             if clients is not None else [],
+            # and how many of its batches went out while another batch of the same task was in flight
+            "shards_sent_ahead": [(s.get("pipeline") or {}).get("sent_ahead") for s in report["coordinator"]["shards"]]
+            if clients is not None else [],
             "worker_s_per_candidate": worker_s_per_candidate(
                 [s.get("build_profile") for s in report["coordinator"]["shards"]]) if clients is not None else None,
             # the cores each client's search and build workers ran on (--client-cores)
@@ -241,12 +244,19 @@ def _phases(row: dict) -> str:
         ("" if worker is None else f"; {worker:.3f}")
 
 
+def _in_flight(row: dict) -> str:
+    """Each client's mean batches in flight, with the batches it sent ahead of its results (config.reserve_ahead)."""
+    ahead = row.get("shards_sent_ahead") or []
+    return ", ".join(f"{n:.1f}" + (f" ({ahead[i]} ahead)" if i < len(ahead) and ahead[i] else "")
+                     for i, n in enumerate(row.get("shards_in_flight") or []) if n is not None)
+
+
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
              "machine CPUs busy | CPU speed before, after | search, build s/trial; worker s/candidate | "
-             "batches in flight (mean) | neighbours |",
+             "batches in flight (mean; sent ahead) | neighbours |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
              "| --- | --- |"]
     speed_base = next((r["cpu_speed"][0] for r in rows if r.get("cpu_speed")), None)
@@ -266,7 +276,7 @@ def table(rows: list[dict]) -> str:
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
                      f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "
                      f"{_speeds(r, speed_base)} | {_phases(r)} | "
-                     f"{', '.join(f'{n:.1f}' for n in r.get('shards_in_flight') or [] if n is not None)} | "
+                     f"{_in_flight(r)} | "
                      f"{'; '.join(r.get('neighbours') or [])} |")
     return "\n".join(lines) + pooled_table(rows)
 

@@ -81,5 +81,6 @@ def test_worker_seconds_per_candidate_weigh_each_client_by_its_candidates(scalin
     assert scaling.worker_s_per_candidate(profiles) == 0.8
     assert scaling.worker_s_per_candidate([None]) is None
     row = {**_row("4 client(s) x 2 server(s) x 2 GPU(s)", 768, 100.0), "search_s_per_trial": 0.25,
-           "build_s_per_trial": 0.6, "worker_s_per_candidate": 0.8, "shards_in_flight": [3.62, 2.71, None]}
-    assert "| 0.250, 0.600; 0.800 | 3.6, 2.7 |" in scaling.table([row])
+           "build_s_per_trial": 0.6, "worker_s_per_candidate": 0.8, "shards_in_flight": [3.62, 2.71, None],
+           "shards_sent_ahead": [12, 0, None]}
+    assert "| 0.250, 0.600; 0.800 | 3.6 (12 ahead), 2.7 |" in scaling.table([row])

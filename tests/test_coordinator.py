@@ -246,6 +246,27 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     assert sum(per.values()) == 16 and len(traces) == 16
 
 
+def test_a_clients_task_sends_batches_ahead_within_its_own_budget(example_model, tmp_path):
+    """Per-task budgets (a coordinator client) with reserve_ahead: 2 tasks to tune over 2 clients, each client's
+    pipeline 3 deep, so a client's one task sends batches from its reserve while others are in flight. Its
+    batches in flight count against its cap: every task stays within its budget and what it drew, the run's
+    budget holds exactly, and no candidate is measured twice."""
+    config = tmp_path / "ahead.yaml"
+    config.write_text("overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0.2\n")
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--trials", "16",
+                   "--trials-per-iter", "2", "--config", config, "--out", tmp_path / "run", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["trials"]["measured"] == 16 and sum(t["trials"] for t in report["tasks"]) == 16
+    assert all(t["trials"] <= t["budget"] + t["extra"] for t in report["tasks"]), report["tasks"]
+    shards = report["coordinator"]["shards"]
+    # each client tunes one task (the others are negligible), yet held more than one batch in flight
+    assert sum(s["pipeline"]["sent_ahead"] for s in shards) > 0, [s["pipeline"] for s in shards]
+    assert any(s["pipeline"]["most_in_flight"] > 1 for s in shards), [s["pipeline"] for s in shards]
+    per, traces = _records_per_workload(report["records_dir"])
+    assert sum(per.values()) == 16 and len(traces) == 16
+
+
 def test_merged_records_compile_like_a_single_process_database(four_clients, example_model, tmp_path):
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms

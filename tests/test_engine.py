@@ -241,6 +241,27 @@ def test_a_deeper_pipeline_keeps_more_batches_in_flight_and_the_budget(example_m
     assert sum(1 for task in report["tasks"] if task["trials"]) >= 3
 
 
+AHEAD = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0.2\n"  # 2 tasks tuned, depth 3
+
+
+def test_a_task_sends_its_next_batch_from_its_reserve_while_its_last_is_in_flight(example_model, tmp_path):
+    """With fewer tasks to tune than batches the pipeline may hold, a task whose search left picks in reserve sends
+    its next batch before its last one came back (reserve_ahead), so more batches are in flight than there are
+    tasks. Its search still hears every batch before it searches again; the budget holds and nothing is measured
+    twice (_tune_on_cpu). With reserve_ahead off, a task has one batch in flight at a time."""
+    (tmp_path / "ahead").mkdir(), (tmp_path / "off").mkdir()
+    report = _tune_on_cpu(example_model, tmp_path / "ahead", yaml=AHEAD, trials=12, per_iter=2)
+    tuned = [task for task in report["tasks"] if task["trials"]]
+    pipeline = report["phases"]["pipeline"]
+    assert len(tuned) == 2 and pipeline["sent_ahead"] > 0 and pipeline["most_in_flight"] == 3, pipeline
+    # no search ran ahead of its results: a search serves 3 batches, so a task searched at least trials / 6 times
+    assert all(task["searches"] >= -(-task["trials"] // 6) for task in tuned), tuned
+    report = _tune_on_cpu(example_model, tmp_path / "off", yaml=AHEAD + "reserve_ahead: false\n", trials=12,
+                          per_iter=2)
+    pipeline = report["phases"]["pipeline"]
+    assert pipeline["sent_ahead"] == 0 and pipeline["most_in_flight"] == 2, pipeline
+
+
 def test_one_search_serves_several_batches_and_keeps_the_budget(example_model, tmp_path):
     """search_batches 3: a search picks 3 batches' worth and the task's next batches take them before
     it searches again. Batches stay trials_per_iter long, the budget holds, nothing is measured twice."""

@@ -45,6 +45,12 @@ class TuneConfig:
     # the loop's wait for batches from 0.165 to 0.065 s a trial and the run from 0.420 to 0.285 s a trial, with the
     # same tuned latency (benchmarks/results/h100-pipeline-depth). CPU overlap keeps 2: not measured there.
     pipeline_depth: int | None = None
+    # A task with a batch in flight may send its next batch from what its last search picked (its reserve;
+    # no search, which must wait to hear the batch's results), when no other task can take the slot. Without
+    # it a client holding fewer tasks than pipeline_depth cannot fill its pipeline: on 2 H100s, three of
+    # four ResNet-18 clients held 3-4 tasks each and waited on their batches 0.15 s a trial, against 0.08
+    # on 1 GPU with 7-14 tasks per client (benchmarks/results/h200x2-resnet18-gpu40-coordinator-768).
+    reserve_ahead: bool = True
     measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
     # Which task gets the next batch (clients.scheduler): "gradient" (warm-up round, then Ansor's
     # gradient; tasks under min_task_share of the model's untuned weight x latency are not tuned) or
@@ -165,7 +171,7 @@ class TuneConfig:
                                                    or isinstance(self.min_output_cosine, bool)
                                                    or not 0 < self.min_output_cosine <= 1):
             raise TunekitError(f"min_output_cosine must be a number in (0, 1], got {self.min_output_cosine!r}")
-        for name in ("search_per_share", "robust", "search_first_look"):
+        for name in ("search_per_share", "robust", "search_first_look", "reserve_ahead"):
             if not isinstance(getattr(self, name), bool):
                 raise TunekitError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if self.robust and self.search_per_share:

@@ -206,11 +206,14 @@ class TaskScheduler:
     def _open(self, busy: set[int]) -> list[TaskState]:
         return [t for t in self.tasks if not t.exhausted and not t.negligible and t.index not in busy]
 
-    def next_task(self, busy: set[int], ahead: int = 0) -> TaskState | None:
+    def next_task(self, busy: set[int], ahead: int = 0, *, ready: set[int] = frozenset()) -> TaskState | None:
         """The task to search next; `busy` are the indices of tasks with a batch in flight (a task is
         never searched again before its last batch came back: the search must hear the results).
         `ahead`: the trials of those batches not yet measured, which the pool weighs in its last trials
-        (None back while it defers: measure what is in flight, then ask again)."""
+        (None back while it defers: measure what is in flight, then ask again).
+        `ready`: busy tasks that may send another batch without a search (their last search left picks
+        in reserve, and their cap has room beyond what is in flight); one of them is chosen only when no
+        idle task may take a batch, before the pool is asked for more."""
         if self.min_task_share is not None:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
@@ -219,6 +222,11 @@ class TaskScheduler:
             if warm_up and self.policy == "gradient":
                 return max(warm_up, key=lambda t: (t.cost_in_model(), t.flops * t.weight))
             return self._best(open_tasks)
+        # Rather than leave a slot of the pipeline empty (a client holding fewer tasks than its depth),
+        # a busy task sends the picks its search already made; it spends its own cap, not the pool's.
+        ahead_of_results = [t for t in self.tasks if t.index in ready and not t.exhausted and not t.negligible]
+        if ahead_of_results:
+            return self._best(ahead_of_results)
         if self.pool is None:
             return None
         # Every task spent its budget: the best one that still improves asks the pool for more.

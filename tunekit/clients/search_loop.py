@@ -191,6 +191,7 @@ class SearchLoop:
         self.search_threads = search_threads
         self.depth = request.config.pipeline_depth_for(request.target.kind.name) if overlap else 1
         self.most_in_flight = 0  # the most batches that were in flight at once (report: phases.pipeline)
+        self.sent_ahead = 0  # batches sent while a batch of the same task was in flight (config.reserve_ahead)
         # batch-seconds in flight over the loop: their mean says how full the pipeline was kept, which a client
         # with fewer open tasks than `depth` cannot fill (a task has one batch in flight at a time)
         self._in_flight_s, self._in_flight_count, self._in_flight_since = 0.0, 0, None
@@ -284,7 +285,7 @@ class SearchLoop:
         return None
 
     # ---------------------------------------------------------------- stages
-    def _propose(self, task: TaskState, limit: int) -> _Batch | None:
+    def _propose(self, task: TaskState, limit: int, *, reserve_only: bool = False) -> _Batch | None:
         """One batch of candidates for `task`: from what the task's last search picked beyond its
         earlier batches, else from a new search (main thread; MetaSchedule's C++ search releases the
         GIL, so the stage thread keeps building and measuring meanwhile). Up to `limit` (at most
@@ -298,7 +299,10 @@ class SearchLoop:
         the task's batches 3-11 were picked by searches made before batch 2, and only every 12th
         batch was steered by what the task had measured since (ResNet-18 fp16 at 868 candidates on
         the H100: each share's artifact 1.10-1.17x slower than a search for that share alone,
-        benchmarks/results/h100-resnet18-share-study-868)."""
+        benchmarks/results/h100-resnet18-share-study-868).
+
+        `reserve_only`: the task has a batch in flight, so it does not search (None when its reserve is
+        empty; its space is not taken for used up)."""
         t = time.perf_counter()
         want = min(limit, self.req.config.trials_per_iter)
         try:
@@ -307,7 +311,8 @@ class SearchLoop:
             while len(fresh) < want:
                 reserve = self.lanes[lane].tasks[task.index].reserve if lane is not None else []
                 if not reserve:
-                    if searched:  # one search per batch: a search that gave only known picks ends it
+                    # one search per batch (a search that gave only known picks ends it), none ahead of results
+                    if searched or reserve_only:
                         break
                     lane, searched = self._next_searcher(task), True
                     if not self._search(task, lane):
@@ -321,7 +326,8 @@ class SearchLoop:
                 self.lanes[lane].proposed += 1
                 self.searches[task.index][-1][2] += 1
             if not candidates:  # the reserve was empty and the search found nothing
-                self.scheduler.exhaust(task)
+                if not reserve_only:
+                    self.scheduler.exhaust(task)
                 return None
             return _Batch(task, candidates, keys, fresh, cached, proposers=proposers)
         finally:
@@ -475,11 +481,28 @@ class SearchLoop:
 
     # ---------------------------------------------------------------- the loop
     def _limit(self, task: TaskState, spent: int, in_flight) -> int:
-        """How many fresh candidates the next batch of `task` may measure."""
+        """How many fresh candidates the next batch of `task` may measure (its batches in flight count
+        against its cap: see reserve_ahead)."""
+        own = task.cap - task.measured - sum(len(b.fresh) for b in in_flight if b.task.index == task.index)
         if self.req.task_budgets is not None:
-            return task.cap - task.measured  # per-task budgets: the task's own cap limits the batch
+            return own  # per-task budgets: the task's own cap limits the batch
         remaining = self.req.config.trials - spent - sum(len(b.fresh) for b in in_flight)
-        return min(remaining, task.cap - task.measured)
+        return min(remaining, own)
+
+    def _ready_ahead(self, in_flight) -> set[int]:
+        """Tasks with a batch in flight that may send their next one now (config.reserve_ahead): their
+        search left picks in reserve, and their cap has room beyond the trials in flight."""
+        if not self.req.config.reserve_ahead:
+            return set()
+        pending = collections.Counter()
+        for batch in in_flight:
+            pending[batch.task.index] += len(batch.fresh)
+        ready = set()
+        for index, trials in pending.items():
+            lane, task = self.turn.get(index), self.tasks[index]
+            if lane is not None and self.lanes[lane].tasks[index].reserve and task.measured + trials < task.cap:
+                ready.add(index)
+        return ready
 
     def _out_of_time(self, started: float) -> bool:
         budget = self.req.config.time_budget_s
@@ -576,19 +599,21 @@ class SearchLoop:
             stopping = stopping or stop_requested() or self._out_of_time(started)
             has_room = self.req.task_budgets is not None or self.req.config.trials - spent > sum(
                 len(b.fresh) for b in in_flight)
-            task = None
+            task, busy = None, {b.task.index for b in in_flight}
             if has_room and not stopping and len(in_flight) < self.depth:
-                task = self.scheduler.next_task({b.task.index for b in in_flight},
-                                                ahead=sum(len(b.fresh) for b in in_flight))
+                task = self.scheduler.next_task(busy, ahead=sum(len(b.fresh) for b in in_flight),
+                                                ready=self._ready_ahead(in_flight))
             if task is None:
                 if not in_flight:
                     return
                 spent += self._join(in_flight.popleft())
                 self._note_in_flight(in_flight)  # the batch counted as in flight until its join returned
                 continue
-            batch = self._propose(task, self._limit(task, spent, in_flight))
+            ahead = task.index in busy  # its reserve only: its search has not heard the batch in flight
+            batch = self._propose(task, self._limit(task, spent, in_flight), reserve_only=ahead)
             if batch is None:
                 continue
+            self.sent_ahead += int(ahead)
             if not batch.fresh and batch.cached:
                 # All candidates were known: no trial spent, but the search must hear back. When
                 # every task keeps proposing known candidates the space is exhausted: stop
@@ -626,6 +651,7 @@ class SearchLoop:
         return LoopOutcome(measured, sum(t.failed for t in lane.tasks), sum(t.cached for t in lane.tasks), wall, rows,
                            {**self.phases.as_dict(wall, measured), **shared,
                             "pipeline": {"depth": self.depth, "most_in_flight": self.most_in_flight,
+                                         "sent_ahead": self.sent_ahead,
                                          "mean_in_flight": round(self._in_flight_s / self._loop_s, 3)
                                          if self._loop_s else 0.0}},
                            self.runner.session_failures)
