@@ -207,18 +207,24 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "client_nodes": sorted({f"{p['ip']} ({p['cores']} cores, {p['build_workers']} build workers)"
                                     for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
                                     if "build_workers" in p}) if clients is not None else [],
-            # per trial, summed over the clients: what a client's loop waits on (search on its thread, a batch's
-            # builds on its stage thread)
+            # per trial, summed over the clients: what a client's loop waits on (its searches, a batch's builds on
+            # its stage thread), and how long it waited: for its batches, and of that for a search with nothing else
+            # to send (config.search_in_background)
             "search_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_s"),
             "build_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("build_s"),
-            # and a candidate's build inside a worker, over every client's candidates: the builds' own cost, apart
-            # from a batch's wait for its slowest
+            "wait_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("wait_s"),
+            "search_wait_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_wait_s"),
             # how full each client kept its pipeline (mean batches in flight; the depth is the most it may hold)
             "shards_in_flight": [(s.get("pipeline") or {}).get("mean_in_flight") for s in report["coordinator"]["shards"]]
             if clients is not None else [],
-            # and how many of its batches went out while another batch of the same task was in flight
+            # and how many of its batches went out while another batch of the same task was in flight, and while a
+            # search ran in the background
             "shards_sent_ahead": [(s.get("pipeline") or {}).get("sent_ahead") for s in report["coordinator"]["shards"]]
             if clients is not None else [],
+            "shards_sent_while_searching": [(s.get("pipeline") or {}).get("sent_while_searching")
+                                            for s in report["coordinator"]["shards"]] if clients is not None else [],
+            # and a candidate's build inside a worker, over every client's candidates: the builds' own cost, apart
+            # from a batch's wait for its slowest
             "worker_s_per_candidate": worker_s_per_candidate(
                 [s.get("build_profile") for s in report["coordinator"]["shards"]]) if clients is not None else None,
             # the cores each client's search and build workers ran on (--client-cores)
@@ -239,24 +245,32 @@ def worker_s_per_candidate(profiles: list[dict | None]) -> float | None:
 def _phases(row: dict) -> str:
     if row.get("search_s_per_trial") is None:
         return ""
-    worker = row.get("worker_s_per_candidate")
+    worker, wait, on_search = (row.get(k) for k in ("worker_s_per_candidate", "wait_s_per_trial",
+                                                    "search_wait_s_per_trial"))
     return f"{row['search_s_per_trial']:.3f}, {row['build_s_per_trial']:.3f}" + \
+        ("" if wait is None else f", {wait:.3f}" + ("" if on_search is None else f" ({on_search:.3f})")) + \
         ("" if worker is None else f"; {worker:.3f}")
 
 
 def _in_flight(row: dict) -> str:
-    """Each client's mean batches in flight, with the batches it sent ahead of its results (config.reserve_ahead)."""
-    ahead = row.get("shards_sent_ahead") or []
-    return ", ".join(f"{n:.1f}" + (f" ({ahead[i]} ahead)" if i < len(ahead) and ahead[i] else "")
-                     for i, n in enumerate(row.get("shards_in_flight") or []) if n is not None)
+    """Each client's mean batches in flight, with the batches it sent ahead of its results (config.reserve_ahead)
+    and while it searched (config.search_in_background)."""
+    ahead, searching = row.get("shards_sent_ahead") or [], row.get("shards_sent_while_searching") or []
+
+    def sent(i: int) -> str:
+        parts = [f"{counts[i]} {what}" for counts, what in ((ahead, "ahead"), (searching, "in searches"))
+                 if i < len(counts) and counts[i]]
+        return f" ({', '.join(parts)})" if parts else ""
+
+    return ", ".join(f"{n:.1f}{sent(i)}" for i, n in enumerate(row.get("shards_in_flight") or []) if n is not None)
 
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
-             "machine CPUs busy | CPU speed before, after | search, build s/trial; worker s/candidate | "
-             "batches in flight (mean; sent ahead) | neighbours |",
+             "machine CPUs busy | CPU speed before, after | search, build, wait (on a search) s/trial; worker s/candidate | "
+             "batches in flight (mean; sent ahead, in searches) | neighbours |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
              "| --- | --- |"]
     speed_base = next((r["cpu_speed"][0] for r in rows if r.get("cpu_speed")), None)

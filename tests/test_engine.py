@@ -219,8 +219,11 @@ def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> d
 
 def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(example_model, tmp_path):
     """overlap on: the next task is searched while earlier batches are built and measured (two
-    batches in flight). The budget holds, no candidate is measured twice, every phase is timed."""
-    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\n", trials=12, per_iter=3)
+    batches in flight). The budget holds, no candidate is measured twice, every phase is timed.
+    The search on the loop's thread, which holds a finished batch in flight until the search is done, so the
+    depth is reached whatever the timing (in the background, the loop collects it meanwhile: see below)."""
+    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\nsearch_in_background: false\n", trials=12,
+                          per_iter=3)
     phases = report["phases"]
     assert phases["overlap"] is True
     assert all(phases["total_s"][k] > 0 for k in ("search_s", "build_s", "run_s"))
@@ -235,13 +238,14 @@ def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(exampl
 def test_a_deeper_pipeline_keeps_more_batches_in_flight_and_the_budget(example_model, tmp_path):
     """pipeline_depth 3: three batches (of three tasks) are built and measured while the loop searches the
     next. The budget still holds and no candidate is measured twice (_tune_on_cpu checks both)."""
-    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\npipeline_depth: 3\n", trials=12, per_iter=2)
+    yaml = "overlap: true\npipeline_depth: 3\nsearch_in_background: false\n"  # see the test above
+    report = _tune_on_cpu(example_model, tmp_path, yaml=yaml, trials=12, per_iter=2)
     pipeline = report["phases"]["pipeline"]
     assert (pipeline["depth"], pipeline["most_in_flight"]) == (3, 3) and 0 < pipeline["mean_in_flight"] <= 3, pipeline
     assert sum(1 for task in report["tasks"] if task["trials"]) >= 3
 
 
-AHEAD = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0.2\n"  # 2 tasks tuned, depth 3
+AHEAD = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0.2\n"  # 1-2 tasks tuned, depth 3
 
 
 def test_a_task_sends_its_next_batch_from_its_reserve_while_its_last_is_in_flight(example_model, tmp_path):
@@ -253,13 +257,30 @@ def test_a_task_sends_its_next_batch_from_its_reserve_while_its_last_is_in_fligh
     report = _tune_on_cpu(example_model, tmp_path / "ahead", yaml=AHEAD, trials=12, per_iter=2)
     tuned = [task for task in report["tasks"] if task["trials"]]
     pipeline = report["phases"]["pipeline"]
-    assert len(tuned) == 2 and pipeline["sent_ahead"] > 0 and pipeline["most_in_flight"] == 3, pipeline
+    assert pipeline["sent_ahead"] > 0 and pipeline["most_in_flight"] > len(tuned), (pipeline, tuned)
     # no search ran ahead of its results: a search serves 3 batches, so a task searched at least trials / 6 times
     assert all(task["searches"] >= -(-task["trials"] // 6) for task in tuned), tuned
     report = _tune_on_cpu(example_model, tmp_path / "off", yaml=AHEAD + "reserve_ahead: false\n", trials=12,
                           per_iter=2)
-    pipeline = report["phases"]["pipeline"]
-    assert pipeline["sent_ahead"] == 0 and pipeline["most_in_flight"] == 2, pipeline
+    pipeline, tuned = report["phases"]["pipeline"], [task for task in report["tasks"] if task["trials"]]
+    assert pipeline["sent_ahead"] == 0 and pipeline["most_in_flight"] <= len(tuned), (pipeline, tuned)
+
+
+def test_batches_go_out_while_a_search_runs_in_the_background(example_model, tmp_path):
+    """search_in_background (the default with overlap): while one task is searched on the search thread, the loop
+    sends the other tasks' batches from their reserves. The records of batches collected meanwhile are committed
+    after the search: every trial is in the database once (_tune_on_cpu), and the budget holds. Off: the loop
+    searches on its own thread and sends nothing while it does."""
+    (tmp_path / "on").mkdir(), (tmp_path / "off").mkdir()
+    yaml = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0\n"
+    report = _tune_on_cpu(example_model, tmp_path / "on", yaml=yaml, trials=24, per_iter=2)
+    pipeline, phases = report["phases"]["pipeline"], report["phases"]["total_s"]
+    assert pipeline["sent_while_searching"] > 0, pipeline
+    assert 0 < phases["search_wait_s"] <= phases["wait_s"], phases
+    report = _tune_on_cpu(example_model, tmp_path / "off", yaml=yaml + "search_in_background: false\n", trials=24,
+                          per_iter=2)
+    pipeline, phases = report["phases"]["pipeline"], report["phases"]["total_s"]
+    assert pipeline["sent_while_searching"] == 0 and phases["search_wait_s"] == 0, (pipeline, phases)
 
 
 def test_one_search_serves_several_batches_and_keeps_the_budget(example_model, tmp_path):

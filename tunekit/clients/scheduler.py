@@ -206,14 +206,16 @@ class TaskScheduler:
     def _open(self, busy: set[int]) -> list[TaskState]:
         return [t for t in self.tasks if not t.exhausted and not t.negligible and t.index not in busy]
 
-    def next_task(self, busy: set[int], ahead: int = 0, *, ready: set[int] = frozenset()) -> TaskState | None:
+    def next_task(self, busy: set[int], ahead: int = 0, *, reserved: dict[int, int] | None = None) -> TaskState | None:
         """The task to search next; `busy` are the indices of tasks with a batch in flight (a task is
         never searched again before its last batch came back: the search must hear the results).
         `ahead`: the trials of those batches not yet measured, which the pool weighs in its last trials
         (None back while it defers: measure what is in flight, then ask again).
-        `ready`: busy tasks that may send another batch without a search (their last search left picks
-        in reserve, and their cap has room beyond what is in flight); one of them is chosen only when no
-        idle task may take a batch, before the pool is asked for more."""
+        `reserved`: {index: trials in flight} of busy tasks that could send another batch without a search
+        (their last search left picks in reserve). One of them is chosen only when no idle task may take
+        a batch: first one whose cap has room beyond its trials in flight, then, when no idle task is
+        hopeful either, one that still improves draws from the pool."""
+        reserved = reserved or {}
         if self.min_task_share is not None:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
@@ -224,13 +226,16 @@ class TaskScheduler:
             return self._best(open_tasks)
         # Rather than leave a slot of the pipeline empty (a client holding fewer tasks than its depth),
         # a busy task sends the picks its search already made; it spends its own cap, not the pool's.
-        ahead_of_results = [t for t in self.tasks if t.index in ready and not t.exhausted and not t.negligible]
-        if ahead_of_results:
-            return self._best(ahead_of_results)
+        in_reserve = [t for t in self.tasks if t.index in reserved and not t.exhausted and not t.negligible]
+        ready = [t for t in in_reserve if t.measured + reserved[t.index] < t.cap]
+        if ready:
+            return self._best(ready)
         if self.pool is None:
             return None
         # Every task spent its budget: the best one that still improves asks the pool for more.
         hopeful = [t for t in self._open(busy) if t.stale_batches == 0 or not self.improving_only]
+        # none idle: a busy one with picks in reserve (a client holding few tasks keeps its pipeline full)
+        hopeful = hopeful or [t for t in in_reserve if t.stale_batches == 0 or not self.improving_only]
         if not hopeful:
             return None
         # by key: a restart gives back the unmeasured, and the pool knows whose pipeline is whose

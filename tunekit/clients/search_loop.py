@@ -5,7 +5,8 @@ database already holds on resume. This loop drives the same TuneContexts (evolut
 XGBoost cost model, database) but:
 - pipelines: while batch N is built (on the build pool) and measured (on the servers), batch N+1
   (another task) is searched and its builds start; it only does so when the builders do not share
-  cores with the share being measured;
+  cores with the share being measured. Then the search runs on a thread of its own, and while one
+  task is searched the other tasks' batches go out from what their last searches picked;
 - streams: each candidate goes to a runner as soon as it is built, not when its batch is;
 - never measures a candidate twice: a candidate whose trace is already in the database (this run
   or a run being resumed) is answered from the record;
@@ -47,7 +48,8 @@ log = logging.getLogger("tunekit.search")
 
 @dataclass
 class PhaseTimes:
-    search_s: float = 0.0  # generating candidates (evolutionary search + cost model), main thread
+    search_s: float = 0.0  # generating candidates (evolutionary search + cost model); on the search thread when
+                           # it searches in the background (then it overlaps the rest)
     build_s: float = 0.0   # stage threads building batches (parallel workers), summed; overlaps search
     load_s: float = 0.0    # summed over candidates: upload + dlopen on the server
     run_s: float = 0.0     # summed over candidates: argument fill + timing on the server
@@ -55,6 +57,7 @@ class PhaseTimes:
     update_s: float = 0.0  # database commits and search-state updates (and cost-model training when inline)
     model_s: float = 0.0   # cost-model training on its own thread (overlaps search, build and measurement)
     lock_wait_s: float = 0.0  # summed over candidates: waiting for the device's measurement lock
+    search_wait_s: float = 0.0  # of wait_s: the loop blocked on a search in the background (nothing else to send)
 
     def as_dict(self, wall_s: float, trials: int) -> dict:
         phases = {k: round(v, 3) for k, v in self.__dict__.items()}
@@ -178,10 +181,12 @@ def untuned_module(ctx, target):
 
 
 class SearchLoop:
-    """Batches go through three stages: search (this thread), build (the stage thread, on the build
-    pool) and measure (the runner's sessions). With overlap, the next task is searched while
-    earlier batches are built and measured, so the wall tends to the slowest stage instead of
-    their sum; without it (CPU builders sharing the measured cores) one batch at a time."""
+    """Batches go through three stages: search, build (the stage thread, on the build pool) and measure
+    (the runner's sessions). With overlap, the next task is searched while earlier batches are built
+    and measured, so the wall tends to the slowest stage instead of their sum; the search then runs on
+    the search thread (config.search_in_background), and this thread keeps sending batches from the
+    tasks' reserves and collecting them meanwhile. Without overlap (CPU builders sharing the measured
+    cores) one batch at a time, searched on this thread."""
 
     def __init__(self, request: SearchRequest, *, builder, runner, cost_model, search_threads: int, overlap: bool,
                  share_cost_models: dict | None = None):
@@ -192,6 +197,14 @@ class SearchLoop:
         self.depth = request.config.pipeline_depth_for(request.target.kind.name) if overlap else 1
         self.most_in_flight = 0  # the most batches that were in flight at once (report: phases.pipeline)
         self.sent_ahead = 0  # batches sent while a batch of the same task was in flight (config.reserve_ahead)
+        # The search thread runs one search at a time, and every database commit: TVM's JSONDatabase (a C++
+        # multiset) must not be written while a search reads it, so the records of batches collected during a
+        # search are committed right after it, in order; and a task's search comes after its batches' records.
+        self.searcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-search") \
+            if self.depth > 1 and request.config.search_in_background else None
+        self._searching: tuple[TaskState, concurrent.futures.Future] | None = None
+        self.sent_while_searching = 0  # batches sent while a search ran in the background
+        self._commits: list[concurrent.futures.Future] = []
         # batch-seconds in flight over the loop: their mean says how full the pipeline was kept, which a client
         # with fewer open tasks than `depth` cannot fill (a task has one batch in flight at a time)
         self._in_flight_s, self._in_flight_count, self._in_flight_since = 0.0, 0, None
@@ -301,8 +314,9 @@ class SearchLoop:
         the H100: each share's artifact 1.10-1.17x slower than a search for that share alone,
         benchmarks/results/h100-resnet18-share-study-868).
 
-        `reserve_only`: the task has a batch in flight, so it does not search (None when its reserve is
-        empty; its space is not taken for used up)."""
+        `reserve_only`: the task has a batch in flight, or its searches run in the background
+        (_start_search): the batch takes only what is in reserve (None when that is empty; the task's space
+        is not taken for used up)."""
         t = time.perf_counter()
         want = min(limit, self.req.config.trials_per_iter)
         try:
@@ -439,9 +453,8 @@ class SearchLoop:
             if is_not_measured(result):
                 continue  # never ran (the runner gave up on the share's servers): not a trial, not recorded
             secs = callbacks.run_secs_of(result)
-            callbacks.add_to_database(lane.database, task=task, candidate=batch.candidates[j], secs=secs,
-                                      target=self.req.target,
-                                      key=(batch.keys[j], batch.keys[j] in task.tensorized))
+            self._commit(lane.database, task=task, candidate=batch.candidates[j], secs=secs, target=self.req.target,
+                         key=(batch.keys[j], batch.keys[j] in task.tensorized))
             task.seen[batch.keys[j]] = secs
             us = mean_run_us(secs)
             task.record(us, key=batch.keys[j], tensorized=batch.keys[j] in task.tensorized, error=result.error_msg,
@@ -457,6 +470,72 @@ class SearchLoop:
                 [result_of[j] if j in result_of else RunnerResult(self._known(task.index, batch.keys[j]), None)
                  for j in proposed])
         task.after_batch(previous, fresh=len(batch.fresh), cached=len(batch.cached))
+
+    def _commit(self, database, **record) -> None:
+        """One trial's record into a share's database (callbacks.add_to_database): at once, or on the search
+        thread, after the search in progress (see self.searcher)."""
+        if self.searcher is None:
+            callbacks.add_to_database(database, **record)
+            return
+        self._commits.append(self.searcher.submit(callbacks.add_to_database, database, **record))
+        self._check_commits()
+
+    def _check_commits(self) -> None:
+        """A commit that failed (a full disk) stops the run, as it did when commits were made in the loop."""
+        pending = []
+        for commit in self._commits:
+            if commit.done():
+                commit.result()
+            else:
+                pending.append(commit)
+        self._commits = pending
+
+    # ---------------------------------------------------------------- searching in the background
+    def _needs_search(self, task: TaskState) -> bool:
+        lane = self.turn.get(task.index)
+        return lane is None or not self.lanes[lane].tasks[task.index].reserve
+
+    def _unsearchable(self) -> set[int]:
+        """While a search runs: the task searched, and every task that would need a search (one at a time)."""
+        if self._searching is None:
+            return set()
+        return {self._searching[0].index} | {t.index for t in self.tasks if self._needs_search(t)}
+
+    def _start_search(self, task: TaskState) -> None:
+        lane = self._next_searcher(task)
+
+        def search():
+            started = time.perf_counter()
+            return self._search(task, lane), time.perf_counter() - started
+
+        self._searching = (task, self.searcher.submit(search))
+
+    def _collect_search(self) -> None:
+        """The search in the background, if it is done: its picks are in the task's reserve; none: the task's
+        space is used up."""
+        if self._searching is None or not self._searching[1].done():
+            return
+        task, future = self._searching
+        self._searching = None
+        found, took = future.result()
+        self.phases.search_s += took
+        if not found:
+            self.scheduler.exhaust(task)
+
+    def _wait_for_search(self, in_flight) -> int:
+        """Nothing to send while a search runs: wait for the search, or collect the oldest batch if its builds are
+        done first. Returns the trials collected."""
+        t = time.perf_counter()
+        waits = [self._searching[1], *([in_flight[0].staged] if in_flight else [])]
+        concurrent.futures.wait(waits, return_when=concurrent.futures.FIRST_COMPLETED)
+        blocked = time.perf_counter() - t
+        self.phases.wait_s += blocked
+        self.phases.search_wait_s += blocked
+        if self._searching[1].done() or not in_flight:
+            return 0
+        trials = self._join(in_flight.popleft())
+        self._note_in_flight(in_flight)
+        return trials
 
     def _update_model(self, cost_model, task: TaskState, candidates: list, results: list) -> None:
         if not candidates:
@@ -489,20 +568,16 @@ class SearchLoop:
         remaining = self.req.config.trials - spent - sum(len(b.fresh) for b in in_flight)
         return min(remaining, own)
 
-    def _ready_ahead(self, in_flight) -> set[int]:
-        """Tasks with a batch in flight that may send their next one now (config.reserve_ahead): their
-        search left picks in reserve, and their cap has room beyond the trials in flight."""
+    def _reserved(self, in_flight) -> dict[int, int]:
+        """{index: fresh trials in flight} of the tasks with a batch in flight that could send their next one
+        now (config.reserve_ahead): their search left picks in reserve. The scheduler checks their caps."""
         if not self.req.config.reserve_ahead:
-            return set()
+            return {}
         pending = collections.Counter()
         for batch in in_flight:
             pending[batch.task.index] += len(batch.fresh)
-        ready = set()
-        for index, trials in pending.items():
-            lane, task = self.turn.get(index), self.tasks[index]
-            if lane is not None and self.lanes[lane].tasks[index].reserve and task.measured + trials < task.cap:
-                ready.add(index)
-        return ready
+        return {index: trials for index, trials in pending.items()
+                if self.turn.get(index) is not None and self.lanes[self.turn[index]].tasks[index].reserve}
 
     def _out_of_time(self, started: float) -> bool:
         budget = self.req.config.time_budget_s
@@ -564,8 +639,11 @@ class SearchLoop:
             self._loop(stage, in_flight, started, spent)
         finally:
             stage.shutdown(wait=not in_flight, cancel_futures=True)
+            if self.searcher is not None:
+                self.searcher.shutdown(wait=True)  # the search in progress, then every record collected during it
             if self.updater is not None:
                 self.updater.shutdown(wait=True)  # the saved model has every update
+        self._check_commits()
         for lane in self.lanes:
             for task in lane.tasks:
                 task.ctx.post_tuning()
@@ -595,25 +673,34 @@ class SearchLoop:
     def _run_loop(self, stage, in_flight, started: float, spent: int) -> None:
         idle_rounds, stopping = 0, False
         while True:
+            self._collect_search()
             # Ctrl-C or the time budget spent: launch nothing more, collect what is in flight.
             stopping = stopping or stop_requested() or self._out_of_time(started)
             has_room = self.req.task_budgets is not None or self.req.config.trials - spent > sum(
                 len(b.fresh) for b in in_flight)
             task, busy = None, {b.task.index for b in in_flight}
             if has_room and not stopping and len(in_flight) < self.depth:
-                task = self.scheduler.next_task(busy, ahead=sum(len(b.fresh) for b in in_flight),
-                                                ready=self._ready_ahead(in_flight))
+                task = self.scheduler.next_task(busy | self._unsearchable(), ahead=sum(len(b.fresh) for b in in_flight),
+                                                reserved=self._reserved(in_flight))
             if task is None:
+                if self._searching is not None:
+                    spent += self._wait_for_search(in_flight)
+                    continue
                 if not in_flight:
                     return
                 spent += self._join(in_flight.popleft())
                 self._note_in_flight(in_flight)  # the batch counted as in flight until its join returned
                 continue
             ahead = task.index in busy  # its reserve only: its search has not heard the batch in flight
-            batch = self._propose(task, self._limit(task, spent, in_flight), reserve_only=ahead)
+            if self.searcher is not None and not ahead and self._needs_search(task):
+                self._start_search(task)  # its batch goes out once the search is done; others go meanwhile
+                continue
+            batch = self._propose(task, self._limit(task, spent, in_flight),
+                                  reserve_only=ahead or self.searcher is not None)
             if batch is None:
                 continue
             self.sent_ahead += int(ahead)
+            self.sent_while_searching += int(self._searching is not None)
             if not batch.fresh and batch.cached:
                 # All candidates were known: no trial spent, but the search must hear back. When
                 # every task keeps proposing known candidates the space is exhausted: stop
@@ -652,6 +739,7 @@ class SearchLoop:
                            {**self.phases.as_dict(wall, measured), **shared,
                             "pipeline": {"depth": self.depth, "most_in_flight": self.most_in_flight,
                                          "sent_ahead": self.sent_ahead,
+                                         "sent_while_searching": self.sent_while_searching,
                                          "mean_in_flight": round(self._in_flight_s / self._loop_s, 3)
                                          if self._loop_s else 0.0}},
                            self.runner.session_failures)
