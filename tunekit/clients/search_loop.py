@@ -699,8 +699,6 @@ class SearchLoop:
                                   reserve_only=ahead or self.searcher is not None)
             if batch is None:
                 continue
-            self.sent_ahead += int(ahead)
-            self.sent_while_searching += int(self._searching is not None)
             if not batch.fresh and batch.cached:
                 # All candidates were known: no trial spent, but the search must hear back. When
                 # every task keeps proposing known candidates the space is exhausted: stop
@@ -710,6 +708,8 @@ class SearchLoop:
                 stopping = stopping or idle_rounds > 4 * len(self.tasks)
                 continue
             idle_rounds = 0
+            self.sent_ahead += int(ahead)
+            self.sent_while_searching += int(self._searching is not None)
             batch.staged = stage.submit(self._build_and_submit, batch)
             in_flight.append(batch)
             self._note_in_flight(in_flight)
