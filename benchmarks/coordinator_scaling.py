@@ -199,6 +199,10 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "server_restarts": report.get("server_restarts", 0),
             # when each client was done, in seconds from the start: how balanced its shards were
             "shards_done_s": [s.get("done_s") for s in report["coordinator"]["shards"]] if clients is not None else [],
+            # and when each drew from the pool for the last time: a client that drew long before it was done held
+            # trials the pool could no longer give to a client with nothing left (lease 17)
+            "shards_last_draw_s": [s.get("last_draw_s") for s in report["coordinator"]["shards"]]
+            if clients is not None else [],
             # draws the pool deferred in its last trials: a client with more ahead than its part measured first
             "pool_deferred": report["coordinator"]["pool"].get("deferred") if clients is not None else None,
             # and when each client's search began: what starting the clients cost
@@ -214,6 +218,10 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             "build_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("build_s"),
             "wait_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("wait_s"),
             "search_wait_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_wait_s"),
+            # the searches behind the search seconds (one search serves several batches): their count and their
+            # seconds each, which the per-trial figure mixes up
+            "searches": sum(t.get("searches", 0) for t in report.get("tasks", [])),
+            "search_s": (report.get("phases") or {}).get("total_s", {}).get("search_s"),
             # how full each client kept its pipeline (mean batches in flight; the depth is the most it may hold)
             "shards_in_flight": [(s.get("pipeline") or {}).get("mean_in_flight") for s in report["coordinator"]["shards"]]
             if clients is not None else [],
@@ -247,9 +255,18 @@ def _phases(row: dict) -> str:
         return ""
     worker, wait, on_search = (row.get(k) for k in ("worker_s_per_candidate", "wait_s_per_trial",
                                                     "search_wait_s_per_trial"))
-    return f"{row['search_s_per_trial']:.3f}, {row['build_s_per_trial']:.3f}" + \
+    searches, search_s = row.get("searches"), row.get("search_s")
+    each = f" ({searches} searches, {search_s / searches:.1f} s each)" if searches and search_s is not None else ""
+    return f"{row['search_s_per_trial']:.3f}{each}, {row['build_s_per_trial']:.3f}" + \
         ("" if wait is None else f", {wait:.3f}" + ("" if on_search is None else f" ({on_search:.3f})")) + \
         ("" if worker is None else f"; {worker:.3f}")
+
+
+def _done(row: dict) -> str:
+    """When each client was done, and in brackets when it last drew from the pool (reports that say)."""
+    draws = row.get("shards_last_draw_s") or []
+    return ", ".join(f"{d:.0f}" + (f" ({draws[i]:.0f})" if i < len(draws) and draws[i] is not None else "")
+                     for i, d in enumerate(row.get("shards_done_s") or []) if d is not None)
 
 
 def _in_flight(row: dict) -> str:
@@ -268,7 +285,7 @@ def _in_flight(row: dict) -> str:
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
-             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (s) | clients started (s) | "
+             "trials/s vs first | tuned latency (ms) | latency vs first | clients done (last draw) (s) | clients started (s) | "
              "machine CPUs busy | CPU speed before, after | search, build, wait (on a search) s/trial; worker s/candidate | "
              "batches in flight (mean; sent ahead, in searches) | neighbours |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
@@ -285,7 +302,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['label']} | {r['clients']} | {r['servers']} | {r.get('cores', '')} | {r['tuning_wall_s']:.1f} | "
                      f"{r['process_wall_s']:.1f} | {r['trials']} | {r['trials_per_s']:.3f} | {speed} | "
                      f"{r['tuned_ms']:.4f} ± {r['tuned_std_ms'] or 0:.4f} | {lat} | "
-                     f"{', '.join(f'{d:.0f}' for d in r.get('shards_done_s') or [] if d is not None)}"
+                     f"{_done(r)}"
                      f"{f' (pool deferred {d})' if (d := r.get('pool_deferred')) else ''} | "
                      f"{', '.join(f'{d:.0f}' for d in r.get('shards_start_s') or [])} | "
                      f"{'' if r.get('machine_busy_pct') is None else str(r['machine_busy_pct']) + '%'} | "

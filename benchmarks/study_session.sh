@@ -236,8 +236,14 @@ case "$1" in
       { echo "set -u"; emit_steps "$STEPS"; echo "echo chain done"; } > /tmp/study-chain.sh
     fi
     [ -n "${DRY:-}" ] && { cat /tmp/study-chain.sh; exit 0; }  # DRY=1: print the chain, run nothing
-    setsid nohup bash /tmp/study-chain.sh > "$R/chain.log" 2>&1 < /dev/null &
-    echo "study chain in the background (pid $!): $STEPS"
+    # The chain runs in a copy of the tree: every device call copies the working tree over the checkout again, and
+    # a step that imports a module just then reads a file being rewritten (lease 17 of the 2-GPU coordinator study:
+    # `pytest -m gpu` started as the next call began and failed to collect six test files, "import file mismatch").
+    rm -rf /tmp/study-tree && mkdir -p /tmp/study-tree
+    tar cf - --exclude=./.git --exclude='./.devcarry-*' . | tar xf - -C /tmp/study-tree
+    (cd /tmp/study-tree && PYTHONPATH=/root/site:/tmp/study-tree setsid nohup bash /tmp/study-chain.sh \
+      > "$R/chain.log" 2>&1 < /dev/null &)
+    echo "study chain in the background, in /tmp/study-tree: $STEPS"
     ;;
   wait)
     end=$((SECONDS + ${2:-540}))

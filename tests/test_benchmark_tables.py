@@ -88,3 +88,8 @@ def test_worker_seconds_per_candidate_weigh_each_client_by_its_candidates(scalin
         in scaling.table([row])
     del row["search_wait_s_per_trial"]  # a report from before the search ran in the background
     assert "| 0.250, 0.600, 0.100; 0.800 |" in scaling.table([row])
+    # the searches behind the search seconds, and when each client last drew from the pool beside when it was done
+    row.update(searches=32, search_s=200.0, shards_done_s=[90.4, 81.0], shards_last_draw_s=[40.2, None])
+    table = scaling.table([row])
+    assert "| 0.250 (32 searches, 6.2 s each), 0.600, 0.100; 0.800 |" in table
+    assert "| 90 (40), 81 |" in table

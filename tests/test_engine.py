@@ -267,18 +267,18 @@ def test_a_task_sends_its_next_batch_from_its_reserve_while_its_last_is_in_fligh
 
 
 def test_batches_go_out_while_a_search_runs_in_the_background(example_model, tmp_path):
-    """search_in_background (the default with overlap): while one task is searched on the search thread, the loop
-    sends the other tasks' batches from their reserves. The records of batches collected meanwhile are committed
+    """search_in_background (with overlap; off by default): while one task is searched on the search thread, the
+    loop sends the other tasks' batches from their reserves. The records of batches collected meanwhile are committed
     after the search: every trial is in the database once (_tune_on_cpu), and the budget holds. Off: the loop
     searches on its own thread and sends nothing while it does."""
     (tmp_path / "on").mkdir(), (tmp_path / "off").mkdir()
     yaml = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0\n"
-    report = _tune_on_cpu(example_model, tmp_path / "on", yaml=yaml, trials=24, per_iter=2)
+    report = _tune_on_cpu(example_model, tmp_path / "on", yaml=yaml + "search_in_background: true\n", trials=24,
+                          per_iter=2)
     pipeline, phases = report["phases"]["pipeline"], report["phases"]["total_s"]
     assert pipeline["sent_while_searching"] > 0, pipeline
     assert 0 < phases["search_wait_s"] <= phases["wait_s"], phases
-    report = _tune_on_cpu(example_model, tmp_path / "off", yaml=yaml + "search_in_background: false\n", trials=24,
-                          per_iter=2)
+    report = _tune_on_cpu(example_model, tmp_path / "off", yaml=yaml, trials=24, per_iter=2)  # the default
     pipeline, phases = report["phases"]["pipeline"], report["phases"]["total_s"]
     assert pipeline["sent_while_searching"] == 0 and phases["search_wait_s"] == 0, (pipeline, phases)
 

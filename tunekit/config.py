@@ -51,12 +51,20 @@ class TuneConfig:
     # four ResNet-18 clients held 3-4 tasks each and waited on their batches 0.15 s a trial, against 0.08
     # on 1 GPU with 7-14 tasks per client (benchmarks/results/h200x2-resnet18-gpu40-coordinator-768).
     reserve_ahead: bool = True
+    # A busy task with picks in reserve may also draw from the shared trial pool (coordinator clients), when no
+    # idle task still improves (clients.scheduler). Off: measured with search_in_background in lease 17, the two
+    # together drained the pool early and the clients ended far apart (see the scheduler).
+    reserve_from_pool: bool = False
     # Search on a thread of its own when overlapping: while one task is searched, the loop keeps sending the other
-    # tasks' batches from their reserves and collecting what comes back. On the loop's own thread a search held
-    # every launch: a client's loop was 55-65% search on 2 H100s, its pipeline draining meanwhile. The records of
-    # batches collected during a search are committed right after it (TVM's JSONDatabase is not safe to write
-    # while a search reads it), so a crash in a search may lose those batches' records as well as those in flight.
-    search_in_background: bool = True
+    # tasks' batches from their reserves and collecting what comes back. The records of batches collected during a
+    # search are committed right after it (TVM's JSONDatabase is not safe to write while a search reads it), so a
+    # crash in a search may lose those batches' records as well as those in flight. Off by default: on 2 H100s
+    # (lease 17 of benchmarks/results/h200x2-resnet18-gpu40-coordinator-768) the loop still waited on the search
+    # for 90-93% of the search's time (a client's search was busy 60-80% of the client's time, and its other tasks had
+    # little in reserve to send meanwhile), and the same number of searches took 232-257 s per run against
+    # 181-208 in leases 12 and 15. 1 GPU 4.50 and 2 GPUs 7.14 trials/s (1.59x), against 5.31 and 8.95 (1.69x)
+    # with it off in lease 15, on another VM.
+    search_in_background: bool = False
     measure_untuned_tasks: bool = True  # one baseline measurement per task (report: untuned_us per task)
     # Which task gets the next batch (clients.scheduler): "gradient" (warm-up round, then Ansor's
     # gradient; tasks under min_task_share of the model's untuned weight x latency are not tuned) or
@@ -177,7 +185,8 @@ class TuneConfig:
                                                    or isinstance(self.min_output_cosine, bool)
                                                    or not 0 < self.min_output_cosine <= 1):
             raise TunekitError(f"min_output_cosine must be a number in (0, 1], got {self.min_output_cosine!r}")
-        for name in ("search_per_share", "robust", "search_first_look", "reserve_ahead", "search_in_background"):
+        for name in ("search_per_share", "robust", "search_first_look", "reserve_ahead", "reserve_from_pool",
+                     "search_in_background"):
             if not isinstance(getattr(self, name), bool):
                 raise TunekitError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if self.robust and self.search_per_share:

@@ -183,9 +183,12 @@ POLICIES = ("gradient", "score")
 
 class TaskScheduler:
     def __init__(self, tasks: list[TaskState], *, pool=None, trials_per_iter: int, improving_only: bool = True,
-                 policy: str = "gradient", pool_key: str | None = None, min_task_share: float | None = None):
+                 policy: str = "gradient", pool_key: str | None = None, min_task_share: float | None = None,
+                 reserve_from_pool: bool = False):
         """`pool_key`: who this scheduler is to the pool (a client's shard): each task's releases are
         declared under `<pool_key>/<task>`, so a restarted client's repeated releases count once.
+        `reserve_from_pool` (TuneConfig.reserve_from_pool): a busy task with picks in reserve may draw from the
+        pool when no idle task still improves.
         `min_task_share`: the share under which tasks were marked negligible (mark_negligible); a
         negligible task is reconsidered against the model as tuned so far before every choice."""
         if policy not in POLICIES:
@@ -197,6 +200,7 @@ class TaskScheduler:
         self.policy = policy
         self.pool_key = pool_key
         self.min_task_share = min_task_share
+        self.reserve_from_pool = reserve_from_pool
 
     def _best(self, tasks: list[TaskState]) -> TaskState:
         if self.policy == "score":
@@ -213,8 +217,8 @@ class TaskScheduler:
         (None back while it defers: measure what is in flight, then ask again).
         `reserved`: {index: trials in flight} of busy tasks that could send another batch without a search
         (their last search left picks in reserve). One of them is chosen only when no idle task may take
-        a batch: first one whose cap has room beyond its trials in flight, then, when no idle task is
-        hopeful either, one that still improves draws from the pool."""
+        a batch: first one whose cap has room beyond its trials in flight, then (only with `reserve_from_pool`),
+        when no idle task is hopeful either, one that still improves draws from the pool."""
         reserved = reserved or {}
         if self.min_task_share is not None:
             reconsider_negligible(self.tasks, self.min_task_share)
@@ -234,8 +238,13 @@ class TaskScheduler:
             return None
         # Every task spent its budget: the best one that still improves asks the pool for more.
         hopeful = [t for t in self._open(busy) if t.stale_batches == 0 or not self.improving_only]
-        # none idle: a busy one with picks in reserve (a client holding few tasks keeps its pipeline full)
-        hopeful = hopeful or [t for t in in_reserve if t.stale_batches == 0 or not self.improving_only]
+        # none idle: a busy one with picks in reserve (a client holding few tasks keeps its pipeline full). Off by
+        # default: such draws come at the rate a client sends, not at the rate it measures, so the pool can empty
+        # early and no longer even out the clients' ends. Lease 17 (benchmarks/results/h200x2-resnet18-gpu40-
+        # coordinator-768), with this and search_in_background on: clients drew last 2-93 s (median 30) before
+        # they were done, against 1-18 s in leases 12 and 15 without them, and the 2-GPU clients ended up to 40 s apart.
+        if self.reserve_from_pool:
+            hopeful = hopeful or [t for t in in_reserve if t.stale_batches == 0 or not self.improving_only]
         if not hopeful:
             return None
         # by key: a restart gives back the unmeasured, and the pool knows whose pipeline is whose

@@ -183,9 +183,9 @@ def untuned_module(ctx, target):
 class SearchLoop:
     """Batches go through three stages: search, build (the stage thread, on the build pool) and measure
     (the runner's sessions). With overlap, the next task is searched while earlier batches are built
-    and measured, so the wall tends to the slowest stage instead of their sum; the search then runs on
-    the search thread (config.search_in_background), and this thread keeps sending batches from the
-    tasks' reserves and collecting them meanwhile. Without overlap (CPU builders sharing the measured
+    and measured, so the wall tends to the slowest stage instead of their sum; with
+    config.search_in_background the search runs on the search thread, and this thread keeps sending batches
+    from the tasks' reserves and collecting them meanwhile. Without overlap (CPU builders sharing the measured
     cores) one batch at a time, searched on this thread."""
 
     def __init__(self, request: SearchRequest, *, builder, runner, cost_model, search_threads: int, overlap: bool,
@@ -230,7 +230,8 @@ class SearchLoop:
         self.scheduler = TaskScheduler(self.tasks, pool=request.pool, trials_per_iter=request.config.trials_per_iter,
                                        improving_only=request.improving_only, policy=request.config.task_scheduler,
                                        pool_key=str(request.tag.get("client")) if "client" in request.tag else None,
-                                       min_task_share=request.config.min_task_share if negligible_rule else None)
+                                       min_task_share=request.config.min_task_share if negligible_rule else None,
+                                       reserve_from_pool=request.config.reserve_from_pool)
         # A client started again on a dead one's shard: the pool trials the dead one drew and never
         # measured go back (the shard's records, counted into each task, say what it did measure).
         if request.count_existing:
