@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu bench clean
+.PHONY: setup demo test test-unit test-gpu bench clean
 
 # torch is optional: the CPU build goes into its own folder, which only the tests of the torch path
 # see (tests/conftest.py). In the venv, `import tvm` would import it in every server and worker.
@@ -30,6 +30,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" tests
+
+# the fast lane (about 2 minutes): every test but the gpu and e2e ones (pyproject.toml says what e2e is)
+test-unit: $(STAMP)
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu and not e2e" tests
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu tests

@@ -12,9 +12,6 @@ its clients' start-up), plus, for reference, the single-process engine without R
   # the same, but while the 1-GPU setup runs, GPU 1 runs its own copy of it on cores 16-31 (the machine as loaded
   # as with both GPUs busy: a VM's CPUs may be hardware threads, and then an idle half lends the other its cores):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1+busy --cores-per-gpu 16
-  # +shared, +per-gpu or +split: the setup's --client-cores
-  python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1,4x2x2+shared,4x2x2+per-gpu \
-      --cores-per-gpu 16
   # a setup named twice runs twice: in the order 1, 2, 2, 1 a drift of the machine's speed over the run falls on
   # both alike, and the table pools each setup's runs (its trials over its tuning walls):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1,4x2x2,4x2x2,2x2x1 \
@@ -27,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -35,10 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from core_probe import rate as cpu_rate  # noqa: E402
 from tuning_time import machine, model_path  # noqa: E402
-
-from tunekit.config import CLIENT_CORES  # noqa: E402
 
 
 def setup_cores(gpus: int, cores_per_gpu: int | None) -> list[int] | None:
@@ -62,6 +57,31 @@ def cpu_jiffies() -> tuple[int, int]:
         return 0, 0
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+def _spin(seconds: float, barrier, results, cpu=None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    barrier.wait()
+    count, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10_000):
+            count += 1
+    results.put(count / seconds)
+
+
+def cpu_rate(processes: int, seconds: float, cpus: list[int] | None = None) -> float:
+    """Mean loops per second of one of `processes` processes spinning at once (pinned to `cpus`, one each)."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_spin, args=(seconds, barrier, results, cpus[i] if cpus else None))
+             for i in range(processes)]
+    for proc in procs:
+        proc.start()
+    rates = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return sum(rates) / len(rates)
 
 
 def cpu_speed(seconds: float = 1.0) -> float:
@@ -141,7 +161,7 @@ def stop_neighbours(procs: list[subprocess.Popen]) -> list[str]:
 
 
 def run_setup(label: str, clients: int | None, servers: int, model: str, share_flag: list[str], args,
-              workdir: str, gpus: int = 0, busy: bool = False, client_cores: str | None = None) -> dict:
+              workdir: str, gpus: int = 0, busy: bool = False) -> dict:
     out = os.path.join(workdir, label)
     cmd = [sys.executable, "-m", "tunekit.cli", "tune", model, *share_flag, "--trials", str(args.trials),
            "--trials-per-iter", str(args.trials_per_iter), "--seed", str(args.seed), "--servers", str(servers),
@@ -150,8 +170,6 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
         cmd += ["--clients", str(clients)]
     if gpus:
         cmd += ["--gpus", ",".join(str(g) for g in range(gpus))]
-    if client_cores:
-        cmd += ["--client-cores", client_cores]
     cmd += ["--config", args.config] if args.config else []
     if clients is not None:
         for flag in ("ray_address", "client_nodes", "rpc_secret_file"):
@@ -160,7 +178,7 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
     print(f"[{label}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     cores = setup_cores(gpus, args.cores_per_gpu)
     # How fast the machine's CPUs run just before and after the setup: a VM's CPUs drift by a third within a minute
-    # (results/h200x2-resnet18-gpu40-coordinator-768/lease10-core-pairs), and tuning here is CPU-bound.
+    # (benchmarks/RESULTS.md, the 2-GPU coordinator entries), and tuning here is CPU-bound.
     speed_before = cpu_speed()
     neighbours = start_neighbours(label, clients or 1, servers, max(1, gpus), model, share_flag, args, workdir) \
         if busy else []
@@ -212,12 +230,10 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
                                     for s in report["coordinator"]["shards"] for p in s.get("ran_on", [])
                                     if "build_workers" in p}) if clients is not None else [],
             # per trial, summed over the clients: what a client's loop waits on (its searches, a batch's builds on
-            # its stage thread), and how long it waited: for its batches, and of that for a search with nothing else
-            # to send (config.search_in_background)
+            # its stage thread), and how long it waited for its batches
             "search_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_s"),
             "build_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("build_s"),
             "wait_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("wait_s"),
-            "search_wait_s_per_trial": (report.get("phases") or {}).get("per_trial_s", {}).get("search_wait_s"),
             # the searches behind the search seconds (one search serves several batches): their count and their
             # seconds each, which the per-trial figure mixes up
             "searches": sum(t.get("searches", 0) for t in report.get("tasks", [])),
@@ -225,19 +241,13 @@ def run_setup(label: str, clients: int | None, servers: int, model: str, share_f
             # how full each client kept its pipeline (mean batches in flight; the depth is the most it may hold)
             "shards_in_flight": [(s.get("pipeline") or {}).get("mean_in_flight") for s in report["coordinator"]["shards"]]
             if clients is not None else [],
-            # and how many of its batches went out while another batch of the same task was in flight, and while a
-            # search ran in the background
+            # and how many of its batches went out while another batch of the same task was in flight
             "shards_sent_ahead": [(s.get("pipeline") or {}).get("sent_ahead") for s in report["coordinator"]["shards"]]
             if clients is not None else [],
-            "shards_sent_while_searching": [(s.get("pipeline") or {}).get("sent_while_searching")
-                                            for s in report["coordinator"]["shards"]] if clients is not None else [],
             # and a candidate's build inside a worker, over every client's candidates: the builds' own cost, apart
             # from a batch's wait for its slowest
             "worker_s_per_candidate": worker_s_per_candidate(
-                [s.get("build_profile") for s in report["coordinator"]["shards"]]) if clients is not None else None,
-            # the cores each client's search and build workers ran on (--client-cores)
-            "client_cores": [p.get("client_cores") for s in report["coordinator"]["shards"]
-                             for p in s.get("ran_on", [])[-1:]] if clients is not None else []}
+                [s.get("build_profile") for s in report["coordinator"]["shards"]]) if clients is not None else None}
 
 
 def worker_s_per_candidate(profiles: list[dict | None]) -> float | None:
@@ -253,12 +263,11 @@ def worker_s_per_candidate(profiles: list[dict | None]) -> float | None:
 def _phases(row: dict) -> str:
     if row.get("search_s_per_trial") is None:
         return ""
-    worker, wait, on_search = (row.get(k) for k in ("worker_s_per_candidate", "wait_s_per_trial",
-                                                    "search_wait_s_per_trial"))
+    worker, wait = row.get("worker_s_per_candidate"), row.get("wait_s_per_trial")
     searches, search_s = row.get("searches"), row.get("search_s")
     each = f" ({searches} searches, {search_s / searches:.1f} s each)" if searches and search_s is not None else ""
     return f"{row['search_s_per_trial']:.3f}{each}, {row['build_s_per_trial']:.3f}" + \
-        ("" if wait is None else f", {wait:.3f}" + ("" if on_search is None else f" ({on_search:.3f})")) + \
+        ("" if wait is None else f", {wait:.3f}") + \
         ("" if worker is None else f"; {worker:.3f}")
 
 
@@ -270,14 +279,11 @@ def _done(row: dict) -> str:
 
 
 def _in_flight(row: dict) -> str:
-    """Each client's mean batches in flight, with the batches it sent ahead of its results (config.reserve_ahead)
-    and while it searched (config.search_in_background)."""
-    ahead, searching = row.get("shards_sent_ahead") or [], row.get("shards_sent_while_searching") or []
+    """Each client's mean batches in flight, with the batches it sent ahead of their task's results."""
+    ahead = row.get("shards_sent_ahead") or []
 
     def sent(i: int) -> str:
-        parts = [f"{counts[i]} {what}" for counts, what in ((ahead, "ahead"), (searching, "in searches"))
-                 if i < len(counts) and counts[i]]
-        return f" ({', '.join(parts)})" if parts else ""
+        return f" ({ahead[i]} ahead)" if i < len(ahead) and ahead[i] else ""
 
     return ", ".join(f"{n:.1f}{sent(i)}" for i, n in enumerate(row.get("shards_in_flight") or []) if n is not None)
 
@@ -286,8 +292,8 @@ def table(rows: list[dict]) -> str:
     base = next((r for r in rows if "error" not in r and r.get("ray")), None)
     lines = ["| setup | clients | servers | cores | tuning wall (s) | whole command (s) | trials | trials/s | "
              "trials/s vs first | tuned latency (ms) | latency vs first | clients done (last draw) (s) | clients started (s) | "
-             "machine CPUs busy | CPU speed before, after | search, build, wait (on a search) s/trial; worker s/candidate | "
-             "batches in flight (mean; sent ahead, in searches) | neighbours |",
+             "machine CPUs busy | CPU speed before, after | search, build, wait s/trial; worker s/candidate | "
+             "batches in flight (mean; sent ahead) | neighbours |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- "
              "| --- | --- |"]
     speed_base = next((r["cpu_speed"][0] for r in rows if r.get("cpu_speed")), None)
@@ -359,10 +365,9 @@ def main() -> None:
     parser.add_argument("--trials-per-iter", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--setups", default="1x1,2x1,4x1,2x2",
-                        help="CLIENTSxSERVERS[xGPUS][+busy][+CORES] list through Ray (the first is the reference); "
+                        help="CLIENTSxSERVERS[xGPUS][+busy] list through Ray (the first is the reference); "
                              "servers are per GPU, GPUS uses devices 0..GPUS-1; +busy: each other GPU runs a copy "
-                             "of the setup's per-GPU part meanwhile (needs --cores-per-gpu); +shared, +per-gpu or "
-                             "+split: the setup's --client-cores (default: tunekit's)")
+                             "of the setup's per-GPU part meanwhile (needs --cores-per-gpu)")
     parser.add_argument("--keep-reports", help="copy each setup's report.json into this folder")
     parser.add_argument("--cores-per-gpu", type=int,
                         help="run a setup of G GPUs on the first G x N cores only (each GPU brings its own cores)")
@@ -370,8 +375,7 @@ def main() -> None:
     parser.add_argument("--client-nodes", help="Ray setups: where the tuning clients go (any, cpu-only, a resource)")
     parser.add_argument("--rpc-secret-file", help="Ray setups: the secret fleets demand on a cluster of machines")
     parser.add_argument("--no-single-process", action="store_true", help="skip the no-Ray reference run")
-    parser.add_argument("--config", help="a tunekit --config file for every setup, e.g. "
-                                         "benchmarks/configs/search-batches-8.yaml (less search CPU per trial)")
+    parser.add_argument("--config", help="a tunekit --config file for every setup")
     parser.add_argument("--results", help="write the table here (Markdown; a .json beside it)")
     args = parser.parse_args()
     share_flag = ["--gpu-pct", str(args.gpu_pct)] if args.gpu_pct else ["--cpu-pct", str(args.cpu_pct or 50)]
@@ -385,21 +389,18 @@ def main() -> None:
         model = model_path(args.model, workdir)
         for setup in args.setups.split(","):
             shape, *mods = setup.split("+")
-            unknown = [m for m in mods if m != "busy" and m not in CLIENT_CORES]
-            if unknown or len([m for m in mods if m in CLIENT_CORES]) > 1:
-                raise SystemExit(f"--setups {setup}: after + only 'busy' (the other GPUs run copies of it) and one "
-                                 f"of {', '.join(CLIENT_CORES)} (--client-cores)")
-            cores_mode = next((m for m in mods if m in CLIENT_CORES), None)
+            if any(m != "busy" for m in mods):
+                raise SystemExit(f"--setups {setup}: after + only 'busy' (the other GPUs run copies of it)")
             clients, servers, gpus, *_ = [int(x) for x in shape.split("x")] + [0]
             label = f"{clients} client(s) x {servers} server(s)" + (f" x {gpus} GPU(s)" if gpus else "") \
-                + (f", {cores_mode} cores" if cores_mode else "") + (", other GPUs busy" if "busy" in mods else "")
+                + (", other GPUs busy" if "busy" in mods else "")
             seen[label] = seen.get(label, 0) + 1
             label += f" (run {seen[label]})" if seen[label] > 1 else ""
             if label in done:
                 print(f"[{label}] kept from {args.results}", file=sys.stderr)
                 continue
             rows.append(run_setup(label, clients, servers, model, share_flag, args, workdir, gpus,
-                                  busy="busy" in mods, client_cores=cores_mode))
+                                  busy="busy" in mods))
             _save(args, rows)
         if not args.no_single_process and "1 process, no Ray" not in done:
             rows.append(run_setup("1 process, no Ray", None, 1, model, share_flag, args, workdir))

@@ -169,8 +169,11 @@ def servers_gone(model, root, n, trials):
     out = os.path.join(root, "servers-gone")
     db = os.path.join(out, "records-cpu50")
     snapshots, survived, notes = [], 0, []
+    config = os.path.join(root, "servers-gone.yaml")  # a short wait for the servers (the default is 120 s)
+    with open(config, "w") as fh:
+        fh.write("servers_gone_timeout_s: 8\n")
     for k in range(n):
-        proc = _tune(model, out, 400, "--servers-gone-timeout", "8", *(["--resume"] if k else []))
+        proc = _tune(model, out, 400, "--config", config, *(["--resume"] if k else []))
         start = len(record_lines(db))
         ended = _wait_records(proc, db, start + 2)
         if ended:

@@ -1,6 +1,6 @@
 """Issue 15's study, the evaluation half: every artifact of one build-once run, measured at every share.
 
-After `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --out W` (resumable: gpu_session.sh `study`),
+After `tunekit tune M.onnx --gpu-pct 20,40,100 --robust --out W` (study_session.sh `study` runs both),
 
   python benchmarks/share_study.py matrix --work W --kind gpu --pcts 20,40,60,100
 
@@ -16,24 +16,11 @@ reads every share's records (each candidate was measured at every share) and wri
 per task, the best kernel at each share, what the kernel that was best at the reference share takes at each
 share (the cost of tuning at the wrong share, per task), and the launch shape of each share's best.
 
-  python benchmarks/share_study.py compare --work W --alone gpu40=A40 --alone gpu20=A20 [--rounds 5]
-
-issue 15's "each share's tuned latency is within 3% of a separate search for that share at equal trials":
-the build-once run's artifact for a share (W/<model>-<share>.so) against the artifact of a search for that
-share alone (A: a tune out dir, or a .so), both run at that share. Rounds alternate which goes first, in
-one process, so drift and order hit both alike. Writes W/study_vs_alone.{json,md}: p50 per round, the
-median ratio (build-once / alone; <= 1.03 meets the target) and each run's measured trials.
-
-  python benchmarks/share_study.py tasks-vs-alone --work W --alone-records A [--alone-records B ...]
-
-the same comparison per task, from the records (A, B: dirs holding records-<share> of searches alone):
-candidates and best us per task at each share, and the weighted sums. Writes W/study_vs_alone_tasks.{json,md}.
-
   python benchmarks/share_study.py records --work W [--ratio 1.2]
 
 what the records themselves say. (1) Contradictions: a kernel whose launch does not change cannot get
 slower with more SMs, so a candidate recorded more than RATIO slower at a larger share is a measurement
-error (measure_noise.py --suspects re-measures them); their rate, by tenth of the run (record order) and
+error; their rate, by tenth of the run (record order) and
 by kernel size. (2) The share-robust choice from the kernels' weighted sums: the whole-model choice
 tunekit makes (records.robust.model_robust_choice), the dual's lower bound on any choice from these
 candidates, each share's own choice and each task's own minimax choice. Writes W/study_records.{json,md}.
@@ -119,108 +106,6 @@ def write(work: str, study: dict, kind: str, pcts: list[int]) -> str:
     return _write_both(work, "study_matrix", study, "\n".join(lines) + "\n")
 
 
-def _artifact_of(spec: str, share: str) -> str:
-    """A tune out dir's artifact for `share` (<model>-<share>.so), or the .so itself."""
-    if spec.endswith(".so"):
-        return spec
-    found = artifacts(spec, re.match(r"[a-z]+", share).group(0)).get(share)
-    if not found:
-        raise SystemExit(f"no *-{share}.so in {spec}")
-    return found
-
-
-def _measured_trials(path: str) -> int | None:
-    """The records behind an artifact (its metadata's tuned_trials: the share's database size), the same
-    count for a build-once share and a search alone."""
-    from tunekit.deploy.metadata import read_metadata
-
-    try:
-        return read_metadata(path).tuned_trials
-    except Exception:  # an artifact without metadata: the count is only a label here
-        return None
-
-
-def compare_alone(work: str, alone: dict[str, str], rounds: int, repeats: int) -> dict:
-    """{share: {"build_once_ms": [...], "alone_ms": [...], "ratio": median ratio, trials}} at each share."""
-    import statistics
-
-    from tunekit.deploy import bench
-
-    kind = re.match(r"[a-z]+", next(iter(alone))).group(0)
-    mine = artifacts(work, kind)
-    out = {}
-    for share, spec in alone.items():
-        pair = {"build_once": mine.get(share), "alone": _artifact_of(spec, share)}
-        if not pair["build_once"]:
-            raise SystemExit(f"no build-once artifact for {share} in {work}")
-        pct = int(share[len(kind):])
-        times = {"build_once": [], "alone": []}
-        for r in range(rounds):
-            for label in (("build_once", "alone") if r % 2 == 0 else ("alone", "build_once")):
-                result = bench(pair[label], repeats=repeats, **{f"{kind}_pct": pct})
-                times[label].append(round(result.p50_ms, 4))
-                print(f"{share} round {r} {label}: {result.p50_ms:.4f} ms", flush=True)
-        ratios = [a / b for a, b in zip(times["build_once"], times["alone"])]
-        out[share] = {"build_once_ms": times["build_once"], "alone_ms": times["alone"],
-                      "ratio": round(statistics.median(ratios), 4), "ratio_range": [round(min(ratios), 4),
-                                                                                    round(max(ratios), 4)],
-                      "build_once_trials": _measured_trials(pair["build_once"]),
-                      "alone_trials": _measured_trials(pair["alone"]), "artifacts": pair}
-    return out
-
-
-def write_compare(work: str, result: dict) -> str:
-    lines = ["Build-once artifact against a search for that share alone, both run at the share "
-             "(p50 ms, median over rounds; ratio <= 1.03 meets issue 15's target)", "",
-             "| share | build-once trials | alone trials | build-once ms | alone ms | ratio (range) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    import statistics
-
-    for share, row in result.items():
-        lines.append(f"| {share} | {row['build_once_trials']} | {row['alone_trials']} | "
-                     f"{statistics.median(row['build_once_ms']):.4f} | {statistics.median(row['alone_ms']):.4f} | "
-                     f"{row['ratio']} ({row['ratio_range'][0]}–{row['ratio_range'][1]}) |")
-    return _write_both(work, "study_vs_alone", result, "\n".join(lines) + "\n")
-
-
-def tasks_vs_alone(work: str, alone_dirs: list[str], kind: str) -> tuple[dict, str]:
-    study = candidate_times(work, kind)
-    alone: dict = {}
-    for folder in alone_dirs:
-        for share, table in candidate_times(folder, kind).items():
-            alone.setdefault(share, {}).update(table)
-    names = {}
-    for path in sorted(glob.glob(os.path.join(work, "report-*.json"))):
-        for row in json.load(open(path)).get("tasks", []):
-            names[row["workload_hash"]] = (row["name"], row.get("weight", 1))
-    result, lines = {}, ["Per task: candidates measured and best us, one search for every share (build-once) "
-                         "against a search for that share alone", ""]
-    for share in sorted(set(study) & set(alone), key=lambda s: int(s[len(kind):])):
-        rows = []
-        for wk in set(study[share]) | set(alone[share]):
-            name, weight = names.get(wk, (wk, 1))
-            mine, theirs = study[share].get(wk, {}), alone[share].get(wk, {})
-            rows.append({"task": name, "weight": weight, "build_once_candidates": len(mine),
-                         "alone_candidates": len(theirs),
-                         "build_once_best_us": round(min(mine.values()), 3) if mine else None,
-                         "alone_best_us": round(min(theirs.values()), 3) if theirs else None})
-        rows.sort(key=lambda r: -r["weight"] * max(r["build_once_best_us"] or 0, r["alone_best_us"] or 0))
-        both = [r for r in rows if r["build_once_best_us"] and r["alone_best_us"]]
-        sums = [sum(r["weight"] * r[k] for r in both) for k in ("build_once_best_us", "alone_best_us")]
-        result[share] = {"tasks": rows, "sum_build_once_us": round(sums[0], 1), "sum_alone_us": round(sums[1], 1)}
-        lines += [f"### {share}: sum over tasks tuned in both (weight x best us) {sums[0]:.1f} vs {sums[1]:.1f} "
-                  f"({sums[0] / sums[1]:.3f}x)", "",
-                  "| task | weight | build-once candidates | alone candidates | build-once best us | alone best us | "
-                  "ratio |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for r in rows:
-            ratio = (f"{r['build_once_best_us'] / r['alone_best_us']:.3f}"
-                     if r["build_once_best_us"] and r["alone_best_us"] else "")
-            lines.append(f"| {r['task']} | {r['weight']} | {r['build_once_candidates']} | {r['alone_candidates']} | "
-                         f"{r['build_once_best_us']} | {r['alone_best_us']} | {ratio} |")
-        lines.append("")
-    return result, _write_both(work, "study_vs_alone_tasks", result, "\n".join(lines))
-
-
 def candidate_times(work: str, kind: str) -> dict[str, dict[str, dict[str, float]]]:
     """{share: {workload key: {trace: mean us}}} from every records-<share> dir of a tune out dir."""
     from tunekit.records.jsonl import read_records, read_workloads
@@ -259,7 +144,7 @@ def records_summary(work: str, kind: str, ratio: float) -> dict:
              if all(tr in times[s].get(wk, {}) for s in shares)}
     order = [key for key in record_order(os.path.join(work, f"records-{shares[0]}")) if key in every]
 
-    # measure_noise.contradiction, restated: importing that script would load TVM for a JSON reading
+    # a kernel whose launch does not change cannot get slower with more SMs
     def worst_ratio(row):  # time at a larger share over time at a smaller one: > 1 contradicts
         return max(row[hi] / row[lo] for i, lo in enumerate(shares) for hi in shares[i + 1:])
 
@@ -421,16 +306,6 @@ def main(argv=None) -> int:
     m.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     m.add_argument("--pcts", default="20,40,60,100")
     m.add_argument("--repeats", type=int, default=200)
-    c = sub.add_parser("compare")
-    c.add_argument("--work", required=True, help="the build-once run's out dir")
-    c.add_argument("--alone", action="append", required=True, metavar="SHARE=DIR_OR_SO",
-                   help="a search for SHARE alone: its tune out dir or artifact (repeatable)")
-    c.add_argument("--rounds", type=int, default=5)
-    c.add_argument("--repeats", type=int, default=200)
-    v = sub.add_parser("tasks-vs-alone")
-    v.add_argument("--work", required=True)
-    v.add_argument("--alone-records", action="append", required=True)
-    v.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
     t = sub.add_parser("tasks")
     t.add_argument("--work", required=True)
     t.add_argument("--kind", choices=("gpu", "cpu"), default="gpu")
@@ -448,13 +323,6 @@ def main(argv=None) -> int:
         return 0
     if args.step == "records":
         print(write_records(args.work, records_summary(args.work, args.kind, args.ratio)))
-        return 0
-    if args.step == "tasks-vs-alone":
-        print(tasks_vs_alone(args.work, args.alone_records, args.kind)[1])
-        return 0
-    if args.step == "compare":
-        alone = dict(spec.split("=", 1) for spec in args.alone)
-        print(write_compare(args.work, compare_alone(args.work, alone, args.rounds, args.repeats)))
         return 0
     if args.step == "tasks":
         times = candidate_times(args.work, args.kind)

@@ -1,20 +1,16 @@
 #!/usr/bin/env bash
-# Issue 15's study on the device in one lease: one background chain, and device calls of <= 10 minutes that
+# Tuning studies on the device: one background chain, and device calls of <= 10 minutes that
 # wait on it. A resumed tune re-pays its ~200 s of start-up and finish per call; one process across calls does not.
 #   MODELS=resnet18 bash benchmarks/study_session.sh start   # exports, PyTorch at 40% for scale, then the chain
 #   DRY=1 ... start                                         # print the chain only
 #   bash benchmarks/study_session.sh wait 540 [PATTERN]      # progress; everything so far comes back in $OUT
 #                                                            # (returns early once PATTERN is in the chain's log)
-# PyTorch is timed for TORCH_MODELS (default MODELS; none: not timed); alone and compare run for ALONE_MODELS
-# (default MODELS).
+# PyTorch is timed for TORCH_MODELS (default MODELS; none: not timed).
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu (PYTEST_ARGS: which tests, default tests/; PYTEST_S: its time limit, default 900: the
 #           11 GPU tests took more than 420 s on the H200, the stock half of test_design_spaces among them)
-#   attn    per model: benchmarks/attention_fusion.py (untuned fp16, attention fused vs not, at ATTN_PCTS)
-#   scaling search_scaling.py on ResNet-18: one search with every core vs several at once (CPU only)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
-#   cores   lscpu, each CPU's hardware-thread siblings and benchmarks/core_probe.py (are the CPUs whole cores?)
 #   coord   coordinator_scaling.py on ResNet-18 at 40%: COORD_SETUPS (default 2x2x1,4x2x2: 1 GPU against 2, issue
 #           14's 2-GPU target), each GPU with COORD_CORES cores (default 16, the H100 machine's), COORD_TRIALS
 #           trials (default 768: the clients' start-up is part of the tuning wall and does not shrink with more
@@ -35,16 +31,9 @@
 #           then `share_study.py matrix` at 20/40/60/100. TRIALS_<model>, TIME_S_<model>, FLAGS_<model> override per model.
 #           RESUME_DIR=D: D/records-<model>.tgz (an earlier lease's study) is unpacked and goes on (--resume;
 #           TRIALS and TIME_S more)
-#   alone   per model: a search for each share of ALONE_PCTS (default 20,40,100) alone, $TRIALS trials each
-#           (`--search-per-share`: one command, the shares in turn, each with TIME_S). A share whose records
-#           an earlier lease made (RESUME_DIR/records-alone-<model>.tgz holding records-gpu<P>) is not
-#           searched again: its artifact is compiled from those records (`tunekit compile`)
 #   variants per model (VARIANTS_MODELS, default MODELS): an earlier lease's study (RESUME_DIR/records-<model>.tgz) without tuning: each share's
 #           artifact (`tunekit compile --share`) and the share-robust one (`tunekit compile --variants`), then
 #           `share_study.py matrix` at 20/40/60/100 (the artifact with a variant per share beside the shares' own)
-#   compare per model: `share_study.py compare`: the study's artifact at each share against the search alone
-#           (issue 15's "within 3% of a separate search"), rounds alternating, one process. Without a `study`
-#           step, the study's records come from RESUME_DIR/records-<model>.tgz and its artifacts are compiled
 # LANES="STEPS[:MODELS];STEPS[:MODELS]" instead of STEPS: lane i runs its steps (for its MODELS) on GPU i with the
 # i-th slice of the cores, the lanes side by side, e.g. LANES="tt;budgets:resnet18" on nvidia-h100-x2.
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
@@ -90,7 +79,7 @@ case "$1" in
       rm -rf /tmp/tt-before && cp -r "$TT_BEFORE" /tmp/tt-before && TT_BEFORE=/tmp/tt-before
     fi
     TORCH_MODELS=${TORCH_MODELS:-$MODELS}; [ "$TORCH_MODELS" = none ] && TORCH_MODELS=""
-    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,scaling,* || ,$STEPS, == *,tt,* || ,$STEPS, == *,coord,* ]] && echo resnet18); do
+    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,tt,* || ,$STEPS, == *,coord,* ]] && echo resnet18); do
       [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
@@ -100,22 +89,12 @@ case "$1" in
     emit_steps() {
       for step in ${1//,/ }; do case $step in
         pytest) echo "timeout ${PYTEST_S:-900} python3 -m pytest -q -rfE --tb=short -m gpu ${PYTEST_ARGS:-tests} > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
-        attn) for m in ${MODELS//,/ }; do
-             echo "python3 benchmarks/attention_fusion.py --model /tmp/vs/$m.onnx --gpu-pct ${ATTN_PCTS:-40,100}" \
-                  "--repeats 200 --json $R/attention_fusion-$m.json > $R/attention_fusion-$m.md 2> $R/attention_fusion-$m.log"
-             echo "echo \"attn $m rc=\$?\""
-           done ;;
-        scaling) echo "python3 benchmarks/search_scaling.py --model /tmp/vs/resnet18.onnx --configs ${SCALING:-1x16,2x8,4x4}" \
-                      "--tasks 4 --batches 2 --json $R/search_scaling.json > $R/search_scaling.log 2>&1; echo \"scaling rc=\$?\";" \
-                      "grep '^|' $R/search_scaling.log > $R/search_scaling.md" ;;
         r18|r18b|r18c) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
              [ $step = r18c ] && flags=${R18C_FLAGS:?R18C_FLAGS}
              echo "mkdir -p $R/$step-gpu40"
              echo "python3 -m tunekit.cli tune /tmp/vs/resnet18.onnx --gpu-pct 40 --trials ${R18_TRIALS:-256}" \
                   "$flags --out $W/$step-gpu40 --json > $R/$step-gpu40/tune.json 2> $R/$step-gpu40/tune.log"
              echo "echo \"$step-gpu40 tune rc=\$?\"; cp $W/$step-gpu40/report.json $R/$step-gpu40/ 2>/dev/null" ;;
-        cores) echo "{ lscpu; grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort -V; } > $R/lscpu.txt 2>&1"
-               echo "python3 benchmarks/core_probe.py --seconds 2 > $R/core_probe.md 2>&1; echo \"cores rc=\$?\"" ;;
         coord) echo "python3 benchmarks/coordinator_scaling.py --model /tmp/vs/resnet18.onnx --gpu-pct 40" \
                     "--trials ${COORD_TRIALS:-768} --trials-per-iter 16 --setups ${COORD_SETUPS:-2x2x1,4x2x2}" \
                     "--cores-per-gpu ${COORD_CORES:-16} ${COORD_FLAGS:-} --keep-reports $R/coord-reports" \
@@ -169,22 +148,6 @@ case "$1" in
              echo "python3 benchmarks/share_study.py matrix --work $W/$m --kind gpu --pcts 20,40,60,100 > $R/$m/matrix.log 2>&1"
              echo "echo \"$m matrix rc=\$?\"; cp $W/$m/study_matrix.* $R/$m/ 2>/dev/null"
            done ;;
-        alone) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do  # issue 15: a search for each share alone, to compare with the study
-             todo=""; rec=$(records_file records-alone-$m); echo "mkdir -p $R/$m"
-             pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
-               if [ -n "${RESUME_DIR:-}" ] && tar tf "$rec" 2>/dev/null | grep "^records-gpu$p/" > /dev/null; then
-                 echo "mkdir -p $W/alone-$m-rec && tar xf $rec -C $W/alone-$m-rec records-gpu$p"
-                 echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/alone-$m-rec --share gpu$p" \
-                      "--out $W/alone-$m-rec/$m-gpu$p.so > $R/$m/alone-compile-gpu$p.log 2>&1; echo \"alone $m gpu$p compiled rc=\$?\") &"
-               else todo="$todo,$p"; fi
-             done
-             echo "wait"  # the compiles run side by side (~1.5 min each, mostly one core), before any tune
-             [ -n "$todo" ] && echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct ${todo#,} --search-per-share" \
-                  "--trials ${ALONE_TRIALS:-${TRIALS:-1000}} --trials-per-iter 16 --time-budget ${TIME_S:-600}" \
-                  "--out $W/alone-$m-tune --json > $R/$m/alone-tune.json 2> $R/$m/alone-tune.log;" \
-                  "echo \"alone $m ${todo#,} tune rc=\$?\"; for f in $W/alone-$m-tune/report*.json; do" \
-                  "cp \$f $R/$m/alone-\$(basename \$f); done"
-           done ;;
         variants) for m in ${VARIANTS_MODELS:-${MODELS//,/ }}; do
              echo "mkdir -p $W/$m $R/$m && tar xf $(records_file records-$m) -C $W/$m"
              for p in 20 40 100; do
@@ -196,22 +159,6 @@ case "$1" in
              echo "wait"
              echo "python3 benchmarks/share_study.py matrix --work $W/$m --kind gpu --pcts 20,40,60,100 > $R/$m/matrix.log 2>&1"
              echo "echo \"$m matrix rc=\$?\"; cp $W/$m/study_matrix.* $R/$m/ 2>/dev/null"
-           done ;;
-        compare) for m in ${ALONE_MODELS:-${MODELS//,/ }}; do
-             # a study of an earlier lease (RESUME_DIR/records-<model>.tgz): its per-share artifacts compiled again
-             study=$(records_file records-$m)
-             if [[ ,$STEPS, != *,study,* ]] && [ -n "${RESUME_DIR:-}" ] && [ -f "$study" ]; then
-               echo "mkdir -p $W/$m $R/$m && tar xf $study -C $W/$m"
-               pcts=${ALONE_PCTS:-20,40,100}; for p in ${pcts//,/ }; do
-                 echo "(python3 -m tunekit.cli compile /tmp/vs/$m.onnx --records $W/$m --share gpu$p --out $W/$m/$m-gpu$p.so" \
-                      "> $R/$m/study-compile-gpu$p.log 2>&1; echo \"study $m gpu$p compiled rc=\$?\") &"
-               done
-               echo "wait"
-             fi
-             echo "specs=\"\"; for so in $W/alone-$m-*/$m-gpu*.so; do [ -f \"\$so\" ] || continue;" \
-                  "sh=\${so##*-}; specs=\"\$specs --alone \${sh%.so}=\$so\"; done"
-             echo "python3 benchmarks/share_study.py compare --work $W/$m \$specs --rounds ${ROUNDS:-5}" \
-                  "> $R/$m/compare.log 2>&1; echo \"$m compare rc=\$?\"; cp $W/$m/study_vs_alone.* $R/$m/ 2>/dev/null"
            done ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
       esac; done
@@ -237,8 +184,8 @@ case "$1" in
     fi
     [ -n "${DRY:-}" ] && { cat /tmp/study-chain.sh; exit 0; }  # DRY=1: print the chain, run nothing
     # The chain runs in a copy of the tree: every device call copies the working tree over the checkout again, and
-    # a step that imports a module just then reads a file being rewritten (lease 17 of the 2-GPU coordinator study:
-    # `pytest -m gpu` started as the next call began and failed to collect six test files, "import file mismatch").
+    # a step that imports a module just then reads a file being rewritten (`pytest -m gpu` once failed to collect
+    # six test files, "import file mismatch").
     rm -rf /tmp/study-tree && mkdir -p /tmp/study-tree
     tar cf - --exclude=./.git --exclude='./.devcarry-*' . | tar xf - -C /tmp/study-tree
     (cd /tmp/study-tree && PYTHONPATH=/root/site:/tmp/study-tree setsid nohup bash /tmp/study-chain.sh \
@@ -252,7 +199,6 @@ case "$1" in
     cat "$R/chain.log"; tail -3 "$R/pytest_gpu.txt" 2>/dev/null
     for d in "$W"/*/records-*; do
       [ -f "$d/database_tuning_record.json" ] && echo "$d: $(wc -l < "$d/database_tuning_record.json") records"
-    done; cat "$R"/*/study_matrix.md "$R"/*/study_vs_alone.md "$R"/search_scaling.md "$R"/attention_fusion-*.md \
-      "$R"/tuning_time.md 2>/dev/null; true
+    done; cat "$R"/*/study_matrix.md "$R"/tuning_time.md 2>/dev/null; true
     ;;
 esac

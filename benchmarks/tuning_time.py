@@ -1,8 +1,8 @@
 """Tuning time: stock MetaSchedule vs tunekit, same model, trials, seed and share, in one run.
 
 Each engine runs as its own `tunekit tune` process (so each pays its own imports and start-up):
-- stock:   `--engine stock --server-mode stock`: ms.tune_tasks + LocalBuilder + RPCRunner, measuring
-           on TVM's own rpc_server at the share (--no-fork on GPU: fork mode breaks CUDA);
+- stock:   `--engine stock`: ms.tune_tasks + LocalBuilder + RPCRunner, measuring on TVM's own
+           rpc_server at the share (--no-fork on GPU: fork mode breaks CUDA);
 - tunekit: the defaults (persistent build pool, warm servers, persistent sessions, overlapped loop).
 
 - before:  tunekit's defaults run from another source tree (--before-src DIR, a checkout or a
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-ENGINES = {"stock": ["--engine", "stock", "--server-mode", "stock"], "tunekit": [], "before": []}
+ENGINES = {"stock": ["--engine", "stock"], "tunekit": [], "before": []}
 
 
 def machine() -> str:

@@ -337,7 +337,7 @@ def main(argv=None) -> None:
                         "costs a compile of 20-60 s)")
     parser.add_argument("--tune-flags", default="", help="more `tunekit tune` flags, space-separated")
     parser.add_argument("--work", default="/tmp/vs")
-    parser.add_argument("--results", default="benchmarks/results/h100-vs-pytorch")
+    parser.add_argument("--results", required=True)
     parser.add_argument("--from", dest="source", help="checkpoints: a study_session `budgets` result dir "
                         "(<model>-budgets/report[-gpu<P>]-<seconds>.json)")
     args = parser.parse_args(argv)

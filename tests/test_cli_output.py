@@ -4,12 +4,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tunekit.models.examples import save_example
 from tunekit.testing import run_cli
 
 FAST_TAKE = "Fast mode segfaults"  # topi's take, reached by the transformer's Gather: a real TVM LOG(WARNING)
 
 
+@pytest.mark.e2e
 def test_tvm_native_warnings_go_to_the_run_log_and_debug_prints_them(tmp_path):
     model = save_example("transformer", str(tmp_path / "transformer.onnx"))
     quiet = run_cli("tune", model, "--cpu-pct", "50", "--trials", "2", "--out", tmp_path / "o", "--json")

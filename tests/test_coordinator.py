@@ -37,36 +37,6 @@ def test_reserve_goes_to_the_pool_only_with_several_clients_and_leaves_every_tas
     assert planning.reserve_trials(0, tasks=3, clients=2, trials_per_iter=1) == 0
 
 
-def test_clients_on_a_node_get_cores_of_their_own():
-    cores = list(range(16, 48))  # a node whose clients may use cores 16-47
-    slices = [planning.client_cores(cores, slot, 8) for slot in range(4)]
-    assert slices[0] == list(range(16, 24)) and slices[3] == list(range(40, 48))
-    assert len({c for s in slices for c in s}) == 32  # disjoint, and every core used
-    # more clients' workers than cores (4 clients of 1 worker on the 2-core CI machine): they wrap round
-    assert [planning.client_cores([0, 1], slot, 1) for slot in range(4)] == [[0], [1], [0], [1]]
-    assert planning.client_cores([], 0, 4) == []
-    from tunekit.config import CoordinatorConfig
-
-    with pytest.raises(TunekitError, match="--client-cores must be one of shared, per-gpu, split"):
-        CoordinatorConfig(client_cores="pinned")
-
-
-def test_per_gpu_client_cores_give_each_gpus_clients_a_machine_of_their_own():
-    node = list(range(32))
-    # 4 clients on a node with 2 GPUs: clients 0-1 share cores 0-15, clients 2-3 cores 16-31
-    assert planning.device_group_cores(node, 2, 4) == [node[:16]] * 2 + [node[16:]] * 2
-    # 3 clients: the odd one has its GPU's cores alone
-    assert planning.device_group_cores(node, 2, 3) == [node[:16], node[:16], node[16:]]
-    # fewer clients than GPUs: as many groups as clients, so no core goes unused
-    assert planning.device_group_cores(node, 4, 2) == [node[:16], node[16:]]
-    # no GPU on the node (a CPU-only client node) or one GPU: every client may use every core (shared)
-    assert planning.device_group_cores(node, 0, 4) == [node] * 4
-    assert planning.device_group_cores(node, 1, 2) == [node] * 2
-    # 3 GPUs on 32 cores: the last group takes the remainder, and every core is someone's
-    groups = planning.device_group_cores(node, 3, 3)
-    assert [len(g) for g in groups] == [10, 10, 12] and sorted(c for g in groups for c in g) == node
-
-
 def test_shards_are_balanced_by_cost_not_by_count():
     plans = [planning.TaskPlan(i, f"t{i}", 1, flops, budget=1) for i, flops in enumerate([100.0, 1, 1, 1, 1, 1])]
     shards = planning.shard_tasks(plans, 2)
@@ -171,7 +141,7 @@ def test_merge_reindexes_workloads_and_is_idempotent(tmp_path):
 def four_clients(example_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("coord") / "run"
     proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "4", "--trials", "16",
-                   "--trials-per-iter", "2", "--client-cores", "split", "--out", out, "--json")
+                   "--trials-per-iter", "2", "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)["report"], str(out)
 
@@ -192,6 +162,7 @@ def _records_per_workload(db_dir):
     return dict(collections.Counter(workload for workload, _ in keys)), distinct(keys)
 
 
+@pytest.mark.e2e
 def test_four_clients_tune_every_task_within_its_budget(four_clients):
     report, out = four_clients
     coord = report["coordinator"]
@@ -216,11 +187,9 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     # When each client was done (how balanced the shards were): within the tuning wall, which the report rounds
     # to 0.01 s (done_s to 0.001: the last client's done_s can be up to 0.005 s past it)
     assert all(0 < shard["done_s"] <= report["tuning_wall_s"] + 0.005 for shard in coord["shards"]), coord["shards"]
-    # --client-cores split: each client searched and built on cores of its own (as many as its build workers)
+    # each client may use every core of its node
     rows = [row for shard in coord["shards"] for row in shard["ran_on"]]
-    assert all(len(_expand(row["client_cores"])) == row["build_workers"] for row in rows), rows
-    assert len({c for row in rows for c in _expand(row["client_cores"])}) == min(
-        rows[0]["cores"], sum(row["build_workers"] for row in rows)), rows
+    assert rows and all(len(_expand(row["client_cores"])) == row["cores"] for row in rows), rows
     # and when each client's search began (before it was done)
     assert all(0 <= shard["search_started_s"] < shard["done_s"] for shard in coord["shards"]), coord["shards"]
     # and when each client last drew from the pool (the tail is what it did after): the clients that drew
@@ -246,13 +215,14 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
     assert sum(per.values()) == 16 and len(traces) == 16
 
 
+@pytest.mark.e2e
 def test_a_clients_task_sends_batches_ahead_within_its_own_budget(example_model, tmp_path):
-    """Per-task budgets (a coordinator client) with reserve_ahead: 2 tasks to tune over 2 clients, each client's
+    """Per-task budgets (a coordinator client) with batches sent from a task's reserve: 2 tasks to tune over 2 clients, each client's
     pipeline 3 deep, so a client's one task sends batches from its reserve while others are in flight. Its
     batches in flight count against its cap: every task stays within its budget and what it drew, the run's
     budget holds exactly, and no candidate is measured twice."""
     config = tmp_path / "ahead.yaml"
-    config.write_text("overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0.2\n")
+    config.write_text("overlap: true\nsearch: {pipeline_depth: 3, batches: 3}\nmin_task_share: 0.2\n")
     proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--trials", "16",
                    "--trials-per-iter", "2", "--config", config, "--out", tmp_path / "run", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -267,6 +237,7 @@ def test_a_clients_task_sends_batches_ahead_within_its_own_budget(example_model,
     assert sum(per.values()) == 16 and len(traces) == 16
 
 
+@pytest.mark.e2e
 def test_merged_records_compile_like_a_single_process_database(four_clients, example_model, tmp_path):
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
@@ -299,6 +270,7 @@ def test_merged_records_compile_like_a_single_process_database(four_clients, exa
     assert os.path.getsize(report["artifact"]) > 0
 
 
+@pytest.mark.e2e
 def test_a_refused_untuned_model_stops_the_clients_the_warm_up_started(example_model, tmp_path):
     """The numerics gate refuses the untuned model while the coordinator's warm-up starts its fleets and
     clients: the run ends with the refusal, and nothing it started (Ray, clients, servers) is left behind."""
@@ -313,6 +285,7 @@ def test_a_refused_untuned_model_stops_the_clients_the_warm_up_started(example_m
     assert not left
 
 
+@pytest.mark.e2e
 def test_two_shares_in_one_run_get_two_databases_with_different_bests(example_model, tmp_path):
     out = tmp_path / "two"
     proc = run_cli("tune", example_model, "--cpu-pct", "50,100", "--clients", "2", "--trials", "12",
@@ -342,6 +315,7 @@ def test_two_shares_in_one_run_get_two_databases_with_different_bests(example_mo
     assert report["tasks_whose_best_differs"] >= 1
 
 
+@pytest.mark.e2e
 def test_fleets_off_loopback_listen_on_the_node_address_and_demand_the_secret(example_model, tmp_path):
     """On a cluster of several machines (or with --listen-host), fleets listen on their node's IP
     and every client must prove the shared secret; without one the run is refused up front."""
@@ -362,7 +336,7 @@ def test_fleets_off_loopback_listen_on_the_node_address_and_demand_the_secret(ex
     assert {f["host"] for f in report["coordinator"]["fleets"]} == {ray.util.get_node_ip_address()}
     assert report["trials"]["measured"] == 6 and report["trials"]["failed"] == 0
     assert secret not in proc.stdout + proc.stderr  # never logged
-    # --client-cores shared (the default): each client may use every core of its node
+    # each client may use every core of its node
     rows = [row for shard in report["coordinator"]["shards"] for row in shard["ran_on"]]
     assert rows and all(len(_expand(row["client_cores"])) == row["cores"] for row in rows), rows
 
@@ -373,6 +347,7 @@ def tvm_hash(mod):
     return tvm_ffi.structural_hash(mod)
 
 
+@pytest.mark.e2e
 def test_the_pool_actor_hears_what_each_client_has_ahead():
     """What a client tells the pool travels through Ray: the trials it has ahead with its draw, and what it
     measured since (fire and forget, yet heard before its next draw, as Ray runs one caller's calls in order)."""
@@ -392,6 +367,7 @@ def test_the_pool_actor_hears_what_each_client_has_ahead():
         ray.shutdown()
 
 
+@pytest.mark.e2e
 def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example_model, tmp_path):
     """Ray's own multi-node test cluster: servers go on every node, a tuning client killed with
     SIGKILL mid-run is started again on its shard, and no trial is lost or measured twice."""
@@ -446,6 +422,7 @@ def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example
     assert os.path.getsize(report["artifact"]) > 0
 
 
+@pytest.mark.e2e
 def test_clients_run_only_on_client_nodes_and_measure_on_the_fleet_nodes(example_model, tmp_path):
     """`--client-nodes tunekit_client` on a 2-node `ray.cluster_utils.Cluster`: the head (no client
     resource) hosts the CPU share's fleet; the other node advertises tunekit_client and hosts every

@@ -95,6 +95,7 @@ extern "C" __global__ void tk_features(float* f, int64_t* i, uint8_t* u) {
 @pytest.mark.parametrize("example,precision,extra", [("tiny_cnn", "fp16", ""), ("tiny_cnn", "fp32", ""),
                                                      ("transformer", "fp16", ""),
                                                      ("tiny_cnn", "fp16", _PREAMBLE_FEATURES)])
+@pytest.mark.e2e
 def test_lean_compile_gives_tvms_kernels(example, precision, extra, tmp_path):
     from tvm.support import nvcc
 

@@ -35,14 +35,13 @@ def conv_model(tmp_path_factory):
 
 def _tasks(model: str, target) -> list:
     """The tasks a run searches, in the order its contexts are made (that order hands out the random states)."""
-    from tunekit.clients.search_loop import tasks_to_search
     from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
 
     import_for_target("cuda")
     prepare_metaschedule_logging()  # pytest's log capture handlers would break MetaSchedule's logging set-up
     prepared, precision = prepare(load_model(model).mod, target, precision="auto")
     assert precision == "fp16"
-    return tasks_to_search([t for t in extract_tasks(prepared, target) if not already_scheduled(t)], target)
+    return [t for t in extract_tasks(prepared, target) if not already_scheduled(t)]
 
 
 def _contexts(tasks, seed: int, work_dir):
@@ -74,6 +73,7 @@ def _failing_seed(tasks, work_dir, *, as_stock: bool) -> int:
     return bad
 
 
+@pytest.mark.e2e
 def test_a_failed_draw_of_the_tensor_core_tiling_rule_is_drawn_again(conv_model, tmp_path):
     from tunekit.clients.design_spaces import generate_design_spaces
 
@@ -86,6 +86,7 @@ def test_a_failed_draw_of_the_tensor_core_tiling_rule_is_drawn_again(conv_model,
     assert [[str(s.trace) for s in task] for task in again] == [[str(s.trace) for s in task] for task in spaces]
 
 
+@pytest.mark.e2e
 def test_stock_starts_from_the_first_seed_whose_design_spaces_all_generate(conv_model, tmp_path):
     from tunekit.clients.design_spaces import stock_seed
 

@@ -5,6 +5,7 @@ import signal
 import time
 
 import psutil
+import pytest
 import tvm
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 
@@ -13,6 +14,8 @@ from tunekit.records.jsonl import read_records
 from tunekit.testing import (add_one_module, alive_after, build_inputs, distinct, hang_module, local_fleet,
                              pass_failure_module, record_keys, record_lines, run_cli, session_runner, take_module,
                              tune_process, wait_for_records)
+
+pytestmark = pytest.mark.e2e
 
 
 def test_build_pool_workers_persist_across_batches(tmp_path):
@@ -150,7 +153,7 @@ def test_ctrl_c_stops_every_process_and_keeps_records(example_model, tmp_path):
 
 
 def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path):
-    """Regression (seen on the H100): DLight scheduled the task's module in place, so the database's
+    """Regression: DLight scheduled the task's module in place, so the database's
     workload changed and the tuned model silently got none of its records. Needs no GPU: it only
     schedules and applies for the CUDA target."""
     import tvm_ffi
@@ -168,7 +171,9 @@ def test_untuned_gpu_baseline_leaves_the_workload_intact(example_model, tmp_path
     tasks = [t for t in extract_tasks(prepared, target) if "conv2d" in t.task_name][:1]
     prepare_metaschedule_logging()  # pytest's log capture handlers, left by an earlier test, would break it
     import_for_target("cuda")  # as make_engine does: an earlier in-process CPU tune registers only the CPU's
-    (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(tmp_path), num_threads=1, seed=0)
+    # replay-trace: one random candidate is all this needs (the evolutionary search took ~90 s to give it)
+    (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, str(tmp_path), num_threads=1, seed=0,
+                                                                     strategy="replay-trace")
     database = ms.database.MemoryDatabase()
     ctx.pre_tuning(max_trials=4, num_trials_per_iter=4, design_spaces=ctx.generate_design_space(),
                    database=database, cost_model=ms.cost_model.RandomModel())
@@ -214,16 +219,17 @@ def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> d
     assert len(keys) == trials and len(distinct(keys)) == len(keys)
     assert sum(task["trials"] for task in report["tasks"]) == trials
     assert all(0 <= task["failed_build"] <= task["failed"] for task in report["tasks"])  # build vs run failures
+    # each task's first search only sampled and ranked (clients.first_look: no generations before a measurement)
+    assert all(task["first_looks"] == 1 for task in report["tasks"] if task["trials"]), report["tasks"]
     return report
 
 
 def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(example_model, tmp_path):
     """overlap on: the next task is searched while earlier batches are built and measured (two
     batches in flight). The budget holds, no candidate is measured twice, every phase is timed.
-    The search on the loop's thread, which holds a finished batch in flight until the search is done, so the
-    depth is reached whatever the timing (in the background, the loop collects it meanwhile: see below)."""
-    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\nsearch_in_background: false\n", trials=12,
-                          per_iter=3)
+    The search runs on the loop's thread, which holds a finished batch in flight until the search is done, so the
+    depth is reached whatever the timing."""
+    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\n", trials=12, per_iter=3)
     phases = report["phases"]
     assert phases["overlap"] is True
     assert all(phases["total_s"][k] > 0 for k in ("search_s", "build_s", "run_s"))
@@ -236,72 +242,41 @@ def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(exampl
 
 
 def test_a_deeper_pipeline_keeps_more_batches_in_flight_and_the_budget(example_model, tmp_path):
-    """pipeline_depth 3: three batches (of three tasks) are built and measured while the loop searches the
+    """search.pipeline_depth 3: three batches (of three tasks) are built and measured while the loop searches the
     next. The budget still holds and no candidate is measured twice (_tune_on_cpu checks both)."""
-    yaml = "overlap: true\npipeline_depth: 3\nsearch_in_background: false\n"  # see the test above
+    yaml = "overlap: true\nsearch: {pipeline_depth: 3}\n"
     report = _tune_on_cpu(example_model, tmp_path, yaml=yaml, trials=12, per_iter=2)
     pipeline = report["phases"]["pipeline"]
     assert (pipeline["depth"], pipeline["most_in_flight"]) == (3, 3) and 0 < pipeline["mean_in_flight"] <= 3, pipeline
     assert sum(1 for task in report["tasks"] if task["trials"]) >= 3
 
 
-AHEAD = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0.2\n"  # 1-2 tasks tuned, depth 3
+AHEAD = "overlap: true\nsearch: {pipeline_depth: 3, batches: 3}\nmin_task_share: 0.2\n"  # 1-2 tasks tuned, depth 3
 
 
 def test_a_task_sends_its_next_batch_from_its_reserve_while_its_last_is_in_flight(example_model, tmp_path):
     """With fewer tasks to tune than batches the pipeline may hold, a task whose search left picks in reserve sends
-    its next batch before its last one came back (reserve_ahead), so more batches are in flight than there are
-    tasks. Its search still hears every batch before it searches again; the budget holds and nothing is measured
-    twice (_tune_on_cpu). With reserve_ahead off, a task has one batch in flight at a time."""
-    (tmp_path / "ahead").mkdir(), (tmp_path / "off").mkdir()
-    report = _tune_on_cpu(example_model, tmp_path / "ahead", yaml=AHEAD, trials=12, per_iter=2)
+    its next batch before its last one came back, so more batches are in flight than there are tasks. Its search
+    still hears every batch before it searches again; the budget holds and nothing is measured twice
+    (_tune_on_cpu)."""
+    report = _tune_on_cpu(example_model, tmp_path, yaml=AHEAD, trials=12, per_iter=2)
     tuned = [task for task in report["tasks"] if task["trials"]]
     pipeline = report["phases"]["pipeline"]
     assert pipeline["sent_ahead"] > 0 and pipeline["most_in_flight"] > len(tuned), (pipeline, tuned)
     # no search ran ahead of its results: a search serves 3 batches, so a task searched at least trials / 6 times
     assert all(task["searches"] >= -(-task["trials"] // 6) for task in tuned), tuned
-    report = _tune_on_cpu(example_model, tmp_path / "off", yaml=AHEAD + "reserve_ahead: false\n", trials=12,
-                          per_iter=2)
-    pipeline, tuned = report["phases"]["pipeline"], [task for task in report["tasks"] if task["trials"]]
-    assert pipeline["sent_ahead"] == 0 and pipeline["most_in_flight"] <= len(tuned), (pipeline, tuned)
-
-
-def test_batches_go_out_while_a_search_runs_in_the_background(example_model, tmp_path):
-    """search_in_background (with overlap; off by default): while one task is searched on the search thread, the
-    loop sends the other tasks' batches from their reserves. The records of batches collected meanwhile are committed
-    after the search: every trial is in the database once (_tune_on_cpu), and the budget holds. Off: the loop
-    searches on its own thread and sends nothing while it does."""
-    (tmp_path / "on").mkdir(), (tmp_path / "off").mkdir()
-    yaml = "overlap: true\npipeline_depth: 3\nsearch_batches: 3\nmin_task_share: 0\n"
-    report = _tune_on_cpu(example_model, tmp_path / "on", yaml=yaml + "search_in_background: true\n", trials=24,
-                          per_iter=2)
-    pipeline, phases = report["phases"]["pipeline"], report["phases"]["total_s"]
-    assert pipeline["sent_while_searching"] > 0, pipeline
-    assert 0 < phases["search_wait_s"] <= phases["wait_s"], phases
-    report = _tune_on_cpu(example_model, tmp_path / "off", yaml=yaml, trials=24, per_iter=2)  # the default
-    pipeline, phases = report["phases"]["pipeline"], report["phases"]["total_s"]
-    assert pipeline["sent_while_searching"] == 0 and phases["search_wait_s"] == 0, (pipeline, phases)
 
 
 def test_one_search_serves_several_batches_and_keeps_the_budget(example_model, tmp_path):
-    """search_batches 3: a search picks 3 batches' worth and the task's next batches take them before
+    """search.batches 3: a search picks 3 batches' worth and the task's next batches take them before
     it searches again. Batches stay trials_per_iter long, the budget holds, nothing is measured twice."""
-    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\nsearch_batches: 3\n", trials=18, per_iter=2)
+    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\nsearch: {batches: 3}\n", trials=18, per_iter=2)
     tuned_tasks = [task for task in report["tasks"] if task["trials"]]
     # 9 batches of 2; a task's search serves up to 3 of its batches
     assert all(task["searches"] >= -(-task["trials"] // 6) for task in tuned_tasks)
     assert sum(task["searches"] for task in tuned_tasks) < 9
     assert any(task["trials"] > 2 * task["searches"] for task in tuned_tasks)
-
-
-def test_a_tasks_first_search_only_samples_and_later_searches_evolve(example_model, tmp_path):
-    """By default (search_first_look) each task's first search samples and ranks (no generations,
-    which have no measurement of the task to steer them); its later searches are MetaSchedule's
-    evolutionary search. The budget holds and nothing is measured twice."""
-    report = _tune_on_cpu(example_model, tmp_path, yaml="overlap: true\n", trials=16, per_iter=2)
-    tuned_tasks = [task for task in report["tasks"] if task["trials"]]
-    assert tuned_tasks and all(task["first_looks"] == 1 for task in tuned_tasks)
-    assert any(task["searches"] > 1 for task in tuned_tasks)  # a task that searched again evolved
+    assert any(task["searches"] > 1 for task in tuned_tasks)  # a task that searched again ran the evolutionary search
 
 
 def test_index_arguments_are_filled_in_range_so_a_take_kernel_measures(tmp_path):

@@ -52,7 +52,8 @@ def test_every_example_is_registered():
     assert set(SMALL) == set(EXAMPLES)
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", [name if name == "tiny_cnn" else pytest.param(name, marks=pytest.mark.e2e)
+                                  for name in sorted(SMALL)])  # the bigger models' builds: 5-25 s each on 2 cores
 def test_untuned_build_matches_onnxruntime(small, target, name):
     import tvm
     from tvm import relax
@@ -87,6 +88,7 @@ def _depthwise_weights(task):
     return [s for s in shapes if len(s) == 4 and s[1] == 1 and s[2] == s[3] == 3]
 
 
+@pytest.mark.e2e
 def test_mobilenet_has_depthwise_conv_tasks(small):
     tasks = small("mobilenet")["tasks"]
     # TVM names depthwise tasks plain fused_conv2dN_...; only the TIR (group_conv2d_nchw, [C,1,3,3] weight) tells

@@ -22,6 +22,8 @@ from tunekit.testing import (add_one_module, alive_after, build_inputs, children
                              local_fleet, record_keys, record_lines, run_cli, session_runner, slow_module,
                              tune_process, wait_for_records)
 
+pytestmark = pytest.mark.e2e
+
 SECRET = b"tunekit-test-secret-0123456789abcdef"
 WARM_SERVER = "tunekit.servers.warm_server"
 
@@ -74,7 +76,9 @@ def test_killing_a_runner_server_mid_run_loses_no_trial(example_model, tmp_path)
 def test_all_servers_gone_stops_the_run_with_a_clear_error_and_keeps_records(example_model, tmp_path):
     out = tmp_path / "gone"
     db = out / "records-cpu50"
-    proc = tune_process(example_model, out, "--trials", "200", "--trials-per-iter", "4", "--servers-gone-timeout", "8")
+    config = tmp_path / "gone.yaml"
+    config.write_text("servers_gone_timeout_s: 8\n")
+    proc = tune_process(example_model, out, "--trials", "200", "--trials-per-iter", "4", "--config", str(config))
     assert wait_for_records(proc, db, 2)
     before = record_lines(db)
     started = time.time()

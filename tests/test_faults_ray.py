@@ -13,8 +13,11 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from tunekit.testing import record_keys, shard_dirs, tune_process
+
+pytestmark = pytest.mark.e2e
 
 
 def _shard_trials(out):

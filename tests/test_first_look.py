@@ -3,6 +3,7 @@ TuneContext of the example model's conv for an H100 (the search lowers and verif
 import hashlib
 
 import numpy as np
+import pytest
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
@@ -33,6 +34,7 @@ def _score(candidate) -> float:
     return int(hashlib.sha1(trace_key(candidate.sch.trace).encode()).hexdigest()[:8], 16) / 2 ** 32
 
 
+@pytest.mark.e2e
 def test_the_first_look_ranks_valid_samples_by_the_cost_model_and_leaves_the_search_usable(example_model,
                                                                                           tmp_path):
     from tvm.target import Target

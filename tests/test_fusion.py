@@ -1,5 +1,6 @@
 """frontend.fusion / frontend.norm_prologue: fewer kernels on GPUs, the same results."""
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 from tvm.target import Target
@@ -59,6 +60,7 @@ def _args(seed=0):
             rng.standard_normal(64).astype("float32")]
 
 
+@pytest.mark.e2e
 def test_the_sum_in_front_of_a_layer_norm_joins_it_and_computes_the_same():
     mod = _residual_layer_norm(residual_reused=False)
     plain, folded = _fused(mod, gpu=False), _fused(mod, gpu=True)
@@ -76,6 +78,7 @@ def _grouped(*, residual_reused: bool):
         return relax.transform.FuseOps()(relax.transform.FoldConstant()(relax.transform.AnnotateTIROpPattern()(mod)))
 
 
+@pytest.mark.e2e
 def test_a_producer_with_another_user_stays_its_own_kernel():
     """A pre-LN residual stream is read again after the norm: folding its sum into the norm would
     compute it twice."""
@@ -90,6 +93,7 @@ def test_a_producer_with_another_user_stays_its_own_kernel():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.e2e
 def test_gpu_transformer_embedding_lookup_and_its_layer_norm_are_one_kernel(tmp_path):
     """The example transformer's embedding: index wrap-around, gather, position add, cast and
     LayerNorm were four kernels under the zero pipeline (take is opaque to FuseOps)."""

@@ -89,8 +89,8 @@ def test_fuzzed_flags_are_refused_cleanly(example_model, tmp_path, flags):
 
 @pytest.mark.parametrize("text", [
     "trials: many\n", "trials: -3\n", "not_a_key: 1\n", "- a\n- list\n", "trials: [1, 2\n", "{{{{\n",
-    "engine: 7\n", "overlap: sometimes\n", "\x00\x01\x02", "search_population: 0\n",
-    "search_batches: 0\n",
+    "engine: 7\n", "overlap: sometimes\n", "\x00\x01\x02", "search: {population: 0}\n",
+    "search: {batches: 0}\n", "search: 3\n", "search: {nope: 1}\n", "search_batches: 3\n", "reserve_ahead: true\n",
 ])
 def test_fuzzed_yaml_configs_are_refused_cleanly(example_model, tmp_path, text):
     cfg = tmp_path / "c.yaml"

@@ -315,6 +315,7 @@ def two_server_fleet(tmp_path_factory):
         pool.shutdown()
 
 
+@pytest.mark.e2e
 def test_measure_lock_on_two_runners_never_measure_at_once(tmp_path, runtime, two_server_fleet):
     intervals, runners = _measure_in_two_runners(tmp_path, *two_server_fleet, measure_lock=True)
     assert _overlaps(*intervals) == 0, intervals
@@ -325,6 +326,7 @@ def test_measure_lock_on_two_runners_never_measure_at_once(tmp_path, runtime, tw
 
 
 @pytest.mark.parametrize("setting", [False, "auto"])  # auto: GPU only, so off for CPU candidates
+@pytest.mark.e2e
 def test_measure_lock_off_two_runners_measure_at_once(tmp_path, runtime, two_server_fleet, setting):
     intervals, runners = _measure_in_two_runners(tmp_path, *two_server_fleet, measure_lock=setting)
     assert _overlaps(*intervals) > 0, intervals
@@ -362,6 +364,7 @@ def _error_line(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.e2e
 def test_a_second_tune_past_100_percent_is_refused_and_runs_with_oversubscribe(example_model, tmp_path):
     # 60% + 60% of the cores > 100%
     first = _tune(example_model, tmp_path / "first", "--cpu-pct", "60", "--trials", "400", "--trials-per-iter", "2",
@@ -384,6 +387,7 @@ def test_a_second_tune_past_100_percent_is_refused_and_runs_with_oversubscribe(e
     assert ledger.holders("cpu") == []  # stopped with SIGTERM: its booking went with it
 
 
+@pytest.mark.e2e
 def test_a_waiting_tune_starts_once_the_killed_job_is_reclaimed(example_model, tmp_path):
     first = _tune(example_model, tmp_path / "first", "--cpu-pct", "60", "--trials", "400", "--trials-per-iter", "2",
                   log=tmp_path / "first.log")

@@ -4,6 +4,10 @@ runs in a process of its own: an intrinsic is registered once per process."""
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # two fresh processes, each registering every CUDA tensor intrinsic
+
 _DIGEST = """
 import hashlib, sys
 import tvm

@@ -27,6 +27,7 @@ def _tune_two_shares(model, out, *flags, trials: int) -> dict:
     return json.loads(proc.stdout)["report"]
 
 
+@pytest.mark.e2e
 def test_one_search_measures_every_candidate_at_every_share_into_each_shares_database(example_model, tmp_path):
     out = tmp_path / "o"
     report = _tune_two_shares(example_model, out, "--robust", trials=12)
@@ -102,13 +103,14 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
     assert 1.0 <= estimate["lower_bound"] <= estimate["worst_regret"] == max(estimate["regret"].values())
 
 
+@pytest.mark.e2e
 def test_a_shares_picks_are_all_measured_before_the_next_share_searches_the_task(example_model, tmp_path):
     # One search serves 2 batches here (4 on CUDA). Handing a task to the other share's search every
     # batch left each share's picks waiting while the other's batches ran, so later batches were
     # picked by searches that had not seen the task's latest measurements. 10 batches over tiny_cnn's
     # 4 tasks: some task has 3, more than one search's picks.
     config = tmp_path / "config.yaml"
-    config.write_text("search_batches: 2\n")
+    config.write_text("search: {batches: 2}\n")
     report = _tune_two_shares(example_model, tmp_path / "o", "--config", str(config), trials=40)
     for label in ("cpu50", "cpu100"):
         handed_over = 0
@@ -122,17 +124,9 @@ def test_a_shares_picks_are_all_measured_before_the_next_share_searches_the_task
         assert handed_over >= 1  # some task was searched by both shares
 
 
-def test_search_per_share_keeps_one_search_each(example_model, tmp_path):
-    out = tmp_path / "o"
-    report = _tune_two_shares(example_model, out, "--search-per-share", trials=4)
-    assert report["search"] == "one search per share"
-    for label in ("cpu50", "cpu100"):
-        assert "proposed_by" not in report["per_share"][label]["phases"]
-        assert len(_timings(out / f"records-{label}")) == 4
-
-
+@pytest.mark.e2e
 def test_robust_needs_several_shares_measured_by_one_search(example_model, tmp_path):
-    for extra in (["--cpu-pct", "50"], ["--cpu-pct", "50,100", "--search-per-share"]):
+    for extra in (["--cpu-pct", "50"], ["--cpu-pct", "50,100", "--engine", "stock"]):
         proc = run_cli("tune", example_model, *extra, "--robust", "--out", tmp_path / "o")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert [line for line in proc.stderr.splitlines() if line.startswith("tunekit: error:")], proc.stderr

@@ -54,26 +54,7 @@ def test_fp16_conversion_gives_fp16_conv_tasks_in_nhwc_with_fp32_model_io(fp16_t
     assert fp32 == "fp32" and all("float16" not in _buffer_dtypes(t) for t in extract_tasks(plain, Target(H100)))
 
 
-def test_a_model_that_cannot_be_converted_falls_back_to_fp32_only_under_auto(tmp_path):
-    import onnx
-    from onnx import TensorProto, helper
-
-    # Pad after a conv is imported as a call_tir on an fp16-able value: ToMixedPrecision (TVM 0.27) fails.
-    pads = helper.make_tensor("pads", TensorProto.INT64, [8], [0, 0, 1, 1, 0, 0, 1, 1])
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]),
-             helper.make_node("Pad", ["c", "pads"], ["p"]),
-             helper.make_node("Conv", ["p", "w"], ["y"], kernel_shape=[3, 3])]
-    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 3, 3, 3], np.ones(3 * 27, np.float32).tolist())
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 14, 14])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 12, 12])], [pads, w])
-    path = str(tmp_path / "pad.onnx")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    _, precision = prepare(load_model(path).mod, Target(H100), precision="auto")
-    assert precision == "fp32"
-    with pytest.raises(TunekitError, match="--precision fp32"):
-        prepare(load_model(path).mod, Target(H100), precision="fp16")
-
-
+@pytest.mark.e2e
 def test_tensor_core_candidates_are_tensorized_and_build_on_the_cuda_target(fp16_tasks, tmp_path):
     """MetaSchedule's cuda-tensorcore rules tensorize the fp16 conv; the build pool builds the WMMA
     candidates (most of them fail TVM 0.27's StorageRewrite, which the pool then leaves out)."""
@@ -106,6 +87,7 @@ def test_tensor_core_candidates_are_tensorized_and_build_on_the_cuda_target(fp16
     assert summary["tensor_core_candidates"] == len(results)
 
 
+@pytest.mark.e2e
 def test_a_fresh_process_reads_tensor_core_records(fp16_tasks, tmp_path):
     """--resume, warm starts and `tunekit compile` open a GPU run's records in a process that has not
     imported the CUDA tensor intrinsics; the traces name them ("TensorIntrin 'wmma_fill_16x16x16_f32'
@@ -182,6 +164,7 @@ def test_fp16_refusal_says_when_the_reference_itself_is_below_fp16s_range():
     assert "underflow" not in str(caught.value)
 
 
+@pytest.mark.e2e
 def test_min_output_cosine_tightens_the_bound_and_is_checked(example_model, tmp_path):
     """The cosine bound is the user's to set (max rel error loosened here, so only the cosine can refuse):
     at 1.0, an fp32 build that differs from onnxruntime in its last bits is refused, naming that bound."""
@@ -206,6 +189,7 @@ def _refusal(example_model, tmp_path, config: str) -> str:
     return errors[0]
 
 
+@pytest.mark.e2e
 def test_tune_refuses_an_artifact_past_the_bound_in_one_line(example_model, tmp_path):
     assert "'y'" in _refusal(example_model, tmp_path, "max_output_error: 1.0e-12\n")
     assert not (tmp_path / "o" / "records-cpu50" / "database_tuning_record.json").exists()  # before any tuning
@@ -221,6 +205,7 @@ def test_the_gpu_target_comes_from_the_device_and_is_never_guessed():
     assert cuda_target(GpuInfo("NVIDIA H100 (odd)", (8, 9))).arch == "sm_89"
 
 
+@pytest.mark.e2e
 def test_report_counts_tensorized_tasks_and_records_precision(example_model, tmp_path):
     proc = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "4", "--out", tmp_path / "o", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -281,6 +266,7 @@ def test_fp16_transformer_stays_fp16_between_matmuls_and_combines_q_k_v(transfor
     assert not [name for name, _, _ in launches if "strided_slice" in name or "transpose" in name], launches
 
 
+@pytest.mark.e2e
 def test_fp16_model_computes_the_model_within_the_fp16_bound(transformer_model):
     """The whole-model fp16 conversion, compiled for the CPU (LLVM emulates fp16), against
     onnxruntime fp32: fp32 accumulation and fp32 LayerNorm statistics keep it inside the bound."""
@@ -347,6 +333,7 @@ def _check_ffn_in_fp16_on_cpu(model, *, seed: int) -> None:
     check(rows, precision="fp16")
 
 
+@pytest.mark.e2e
 def test_fp16_reshapes_around_matmuls_no_longer_split_their_epilogues(tmp_path):
     """GELU and the residual add fuse into the matmuls' kernels once the reshapes between them are
     deferred (frontend.reshapes), no kernel is a bare reshape, and the model computes the same.
@@ -372,6 +359,7 @@ def test_split_k_is_chosen_only_where_the_reduction_dominates():
     assert split_count(128, 256, 1000) == 1    # no whole tiles at all
 
 
+@pytest.mark.e2e
 def test_fp16_long_reductions_are_split_along_k_and_compute_the_same(tmp_path):
     """A matmul with a long reduction and a narrow output (BERT's FFN down-projection) becomes a
     tensor-core task of partial products over K slices plus one injective kernel that sums them and

@@ -16,6 +16,7 @@ def _check_knee(profile: dict) -> None:
     assert profile["knee"] == qualifying[0], (profile["knee"], rows)  # the smallest share that qualifies
 
 
+@pytest.mark.e2e
 def test_profile_cli_finds_knee_and_writes_files(example_model, tmp_path):
     out = tmp_path / "prof"
     proc = run_cli("profile", example_model, "--cpu-pct", "50,100", "--repeats", "10", "--json", "--out", out)
@@ -62,6 +63,7 @@ def two_tuned_records(example_model, tmp_path_factory):
     return gathered
 
 
+@pytest.mark.e2e
 def test_evaluate_matrix_outputs(example_model, two_tuned_records, tmp_path):
     out = tmp_path / "eval"
     proc = run_cli("evaluate", example_model, "--records", two_tuned_records, "--cpu-pct", "50,100",
@@ -98,6 +100,7 @@ def test_evaluate_matrix_outputs(example_model, two_tuned_records, tmp_path):
     assert 'src="latency_vs_share.png"' in html and "<table>" in html
 
 
+@pytest.mark.e2e
 def test_tune_auto_tunes_at_the_knee(example_model, tmp_path):
     out = tmp_path / "auto"
     proc = run_cli("tune", example_model, "--cpu-pct", "auto", "--trials", "8", "--out", out, "--json")

@@ -37,10 +37,6 @@ def test_every_meaningful_task_gets_a_batch_before_any_gets_a_third():
     first_third = next(i for i, task in enumerate(order) if order[:i + 1].count(task) == 3)
     assert set(order[:first_third]) == {0, 1, 2, 3, 4, 5}
     assert order[:6] == [0, 1, 2, 3, 4, 5]  # the warm-up goes heaviest first
-    # the rule before it (score) never leaves the dominant task in this setting
-    old = _tasks([1000.0, 60.0, 40.0, 30.0, 20.0, 10.0])
-    assert set(_simulate(TaskScheduler(old, trials_per_iter=8, policy="score"), 12,
-                         lambda t: t.effective_us * 0.9)) == {0}
 
 
 def test_negligible_tasks_are_never_tuned():
@@ -163,35 +159,23 @@ def test_the_pools_last_trials_go_to_a_task_with_candidates_in_reserve():
 def test_a_busy_task_sends_its_reserve_only_when_no_idle_task_can_take_the_slot():
     """`reserved` ({busy task: its trials in flight}, for busy tasks whose search left picks in reserve): one of
     them is chosen only when every idle task is spent or done; first one with cap room beyond its trials in
-    flight, without the pool; then, when no idle task still improves, one that does draws from the pool, only
-    with reserve_from_pool (off by default: it drained the pool early on 2 GPUs)."""
+    flight, without the pool. A busy task never draws from the pool: its batch comes back first."""
     from tunekit.coordinator.budget import TrialPool
 
-    for from_pool in (False, True):
-        tasks = _tasks([100.0, 50.0, 30.0], cap=16)
-        pool = TrialPool(16)
-        scheduler = TaskScheduler(tasks, pool=pool, trials_per_iter=8, reserve_from_pool=from_pool)
-        _simulate(scheduler, 3, lambda t: t.effective_us * 0.5)  # the warm-up: each task one batch of its 16
-        assert scheduler.next_task({0, 1}, reserved={0: 0, 1: 0}) is tasks[2]  # an idle task that may take a batch
-        tasks[2].measured = tasks[2].cap  # spent
-        chosen = scheduler.next_task({0, 1}, reserved={0: 0, 1: 0})
-        assert chosen in (tasks[0], tasks[1]) and pool.status()["available"] == 16 and chosen.extra == 0
-        assert scheduler.next_task({0, 1}, reserved={1: 0}) is tasks[1]  # only what the loop found in reserve
-        # tasks[1]'s cap is taken by its batch in flight: the idle tasks[2] still improves, so the pool serves it
-        assert scheduler.next_task({0, 1}, reserved={1: 8}) is tasks[2] and tasks[2].extra == 8
-        tasks[2].measured, tasks[2].stale_batches = tasks[2].cap, 2  # measured them, no longer improving
-        if not from_pool:  # the busy task waits for its batch; the pool keeps its trials for other clients
-            assert scheduler.next_task({0, 1}, reserved={1: 8}) is None and pool.status()["available"] == 8
-            continue
-        # the busy task with picks in reserve draws instead
-        assert scheduler.next_task({0, 1}, reserved={1: 8}) is tasks[1] and tasks[1].extra == 8
-        tasks[1].exhausted = True
-        assert scheduler.next_task({0, 1}, reserved={1: 0}) is None and pool.status()["available"] == 0
-
-
-def test_unknown_policies_are_refused():
-    with pytest.raises(ValueError, match="policy"):
-        TaskScheduler([], trials_per_iter=8, policy="round-robin")
+    tasks = _tasks([100.0, 50.0, 30.0], cap=16)
+    pool = TrialPool(16)
+    scheduler = TaskScheduler(tasks, pool=pool, trials_per_iter=8)
+    _simulate(scheduler, 3, lambda t: t.effective_us * 0.5)  # the warm-up: each task one batch of its 16
+    assert scheduler.next_task({0, 1}, reserved={0: 0, 1: 0}) is tasks[2]  # an idle task that may take a batch
+    tasks[2].measured = tasks[2].cap  # spent
+    chosen = scheduler.next_task({0, 1}, reserved={0: 0, 1: 0})
+    assert chosen in (tasks[0], tasks[1]) and pool.status()["available"] == 16 and chosen.extra == 0
+    assert scheduler.next_task({0, 1}, reserved={1: 0}) is tasks[1]  # only what the loop found in reserve
+    # tasks[1]'s cap is taken by its batch in flight: the idle tasks[2] still improves, so the pool serves it
+    assert scheduler.next_task({0, 1}, reserved={1: 8}) is tasks[2] and tasks[2].extra == 8
+    tasks[2].measured, tasks[2].stale_batches = tasks[2].cap, 2  # measured them, no longer improving
+    # the busy task waits for its batch; the pool keeps its trials for other clients
+    assert scheduler.next_task({0, 1}, reserved={1: 8}) is None and pool.status()["available"] == 8
 
 
 def test_a_restarted_client_does_not_release_its_budget_twice():

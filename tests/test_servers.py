@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 import tvm
 from tvm import rpc
 
@@ -35,6 +36,7 @@ def _listening(port: int) -> set:
             and c.laddr.port == port}
 
 
+@pytest.mark.e2e
 def test_warm_server_is_pinned_reused_restarted_and_stopped(tmp_path):
     lib = _add_lib(tmp_path)
     share = Share("cpu", 50)
@@ -51,7 +53,7 @@ def test_warm_server_is_pinned_reused_restarted_and_stopped(tmp_path):
             time.sleep(0.2)
         assert fleet.restarts == 1
         deadline = time.time() + 30
-        while fleet.free_servers() < 1 and time.time() < deadline:
+        while fleet.registered_servers() < 1 and time.time() < deadline:
             time.sleep(0.2)
         assert np.allclose(_session_add_one(fleet, lib), 2.0)
         started = [*fleet.server_pids]
@@ -64,6 +66,7 @@ def _server_ports(fleet) -> set:
     return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
+@pytest.mark.e2e
 def test_two_fleets_at_once_get_their_own_ports_on_loopback_only():
     with local_fleet("t-ports-a") as a, local_fleet("t-ports-b") as b:
         ports = {}
@@ -91,6 +94,7 @@ def _port_is_taken(port: int) -> bool:
     return False
 
 
+@pytest.mark.e2e
 def test_a_fleet_starts_and_serves_while_9190_is_taken(tmp_path):
     lib = _add_lib(tmp_path)
     with contextlib.ExitStack() as stack:

@@ -82,6 +82,7 @@ def test_load_times_the_variants_and_runs_the_fastest_unless_told(two_variants):
         tunekit.load(two_variants["path"], variant="gpu40")
 
 
+@pytest.mark.e2e
 def test_bench_reports_the_variant_it_ran_and_runs_the_one_asked(two_variants):
     result = tunekit.bench(two_variants["path"], cpu_pct=50, repeats=3, warmup=1)
     assert result.variant in {"a", B} and set(result.variant_median_ms) == {"a", B}

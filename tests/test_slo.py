@@ -128,6 +128,7 @@ def _report_tuned_ms(path) -> float:
     return json.load(open(path))["latency_ms"]["tuned"]["median_ms"]
 
 
+@pytest.mark.e2e
 def test_generous_slo_picks_the_smallest_share(example_model, tmp_path):
     from tunekit.profiling import profile
     from tunekit.records.database import count_trials
@@ -157,6 +158,7 @@ def test_generous_slo_picks_the_smallest_share(example_model, tmp_path):
     assert [r["share"] for r in saved["profile"]["shares"]] == ["cpu50", "cpu100"]
 
 
+@pytest.mark.e2e
 def test_impossible_slo_tries_every_share_and_exits_3(example_model, tmp_path):
     out = tmp_path / "slo"
     proc = run_cli("tune", example_model, "--slo-ms", "1e-6", "--cpu-pct", "50,100", "--trials", "4", "--out", out)

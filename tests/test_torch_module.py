@@ -25,6 +25,7 @@ def _small_module(torch, seed: int):
     return Small().eval()
 
 
+@pytest.mark.e2e
 def test_tune_a_torch_module_and_call_the_result_with_torch_tensors(tmp_path):
     torch = pytest.importorskip("torch")
     module, x = _small_module(torch, 0), torch.randn(1, 3, 16, 16)

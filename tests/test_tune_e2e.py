@@ -6,6 +6,8 @@ import pytest
 
 from tunekit.testing import run_cli
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def tuned(example_model, tmp_path_factory):

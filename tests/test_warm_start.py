@@ -22,12 +22,11 @@ def source(example_model, tmp_path_factory):
     return out, json.loads(proc.stdout)["report"]
 
 
+@pytest.mark.e2e
 def test_warm_start_measures_foreign_records_again_and_never_copies_their_timings(example_model, source, tmp_path):
     src, _ = source
-    cfg = tmp_path / "warm.yaml"
-    cfg.write_text("warm_start_top_k: 2\n")
     proc = run_cli("tune", example_model, "--cpu-pct", "50", "--trials", "6", "--trials-per-iter", "2",
-                   "--warm-start", src, "--config", cfg, "--out", tmp_path / "cpu50", "--json")
+                   "--warm-start", src, "--out", tmp_path / "cpu50", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)["report"]
     warm = report["warm_start"]
@@ -40,6 +39,7 @@ def test_warm_start_measures_foreign_records_again_and_never_copies_their_timing
     assert report["cost_model"]["loaded_from"].endswith("records-cpu100/tunekit-cost-model.tar")
 
 
+@pytest.mark.e2e
 def test_the_saved_cost_model_is_reloaded_on_resume(example_model, source):
     src, first = source
     assert first["cost_model"]["saved_to"].endswith("tunekit-cost-model.tar")

@@ -18,10 +18,11 @@ from .config import CoordinatorConfig, TuneConfig
 from .errors import RunFailed, TunekitError
 from .results import EvalResult, ProfileResult, SharesResult, SloResult, TuneResult
 from .shares.share import Share
+from .readiness import CheckResult, check  # `tunekit check`; imports TVM only when it runs
 
 __all__ = ["TuneConfig", "CoordinatorConfig", "TunekitError", "RunFailed", "Share", "tune", "tune_shares",
            "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile", "load", "bench", "TuneResult", "SharesResult",
-           "SloResult", "EvalResult", "ProfileResult", "TunedModel", "BenchResult"]
+           "SloResult", "EvalResult", "ProfileResult", "TunedModel", "BenchResult", "check", "CheckResult"]
 
 _API = ("tune", "tune_shares", "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile")
 

@@ -89,8 +89,7 @@ def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str |
     database; report.json compares them.
 
     In one process (no `coordinator`) one search serves every share: each candidate is built once
-    and measured at every share (config.search_per_share: one search per share instead, in turn);
-    config.robust also writes `<model>-robust.so`, the share-robust artifact, with its regret per
+    and measured at every share; config.robust also writes `<model>-robust.so`, the share-robust artifact, with its regret per
     share in report.json. With `coordinator`, Ray clients search each share, shares that fit on
     the device together at the same time."""
     from .reports.shares import compare_shares

@@ -61,9 +61,9 @@ def import_for_target(kind: str) -> None:
 class _LazyFrameStack:
     """What `inspect.stack()` returns (index, slice, len, iteration), with each FrameInfo made when it is
     read. TVMScript's `T.prim_func` takes the whole stack of its caller and reads only a frame or two of
-    it; `inspect.stack()` reads every frame's source line, and each read scans `sys.modules`. That was 3/4
-    of parsing the CUDA tensor intrinsics: 4.5 s -> 1.2 s on the 2-core machine, the same intrinsics
-    registered (tests/test_metaschedule_env.py), and the main process and every build worker parse them."""
+    it; `inspect.stack()` reads every frame's source line, and each read scans `sys.modules`. That was most
+    of parsing the CUDA tensor intrinsics (benchmarks/RESULTS.md, "intrinsics import"; the same intrinsics
+    registered: tests/test_metaschedule_env.py), and the main process and every build worker parse them."""
 
     def __init__(self, frame, context: int):
         self._frames, self._context, self._infos = [], context, {}

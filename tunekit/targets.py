@@ -13,18 +13,12 @@ from dataclasses import dataclass
 from .errors import TunekitError
 from .shares.share import Share
 
-# GPUs whose TVM tag has another name: same architecture and limits (the H200 is an H100 with more
+# GPUs whose TVM tag has another name: same architecture and limits (the same Hopper chip with more
 # and faster memory).
 _TAG_ALIASES = {"h200": "nvidia/nvidia-h100"}
 # Per block on every compute capability >= 3.0 (CUDA C Programming Guide, "Technical Specifications").
 _CUDA_LIMITS = {"max_threads_per_block": 1024, "max_num_threads": 1024, "thread_warp_size": 32,
                 "max_shared_memory_per_block": 49152, "registers_per_block": 65536}
-# Shared memory one block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin), per architecture (CUDA C
-# Programming Guide, "Technical Specifications per Compute Capability"). Only dynamic shared memory may go past
-# 48 KB, and TVM's CUDA runtime opts a kernel in at launch when it uses that much.
-_OPT_IN_SHARED_BYTES = {"sm_70": 98304, "sm_72": 98304, "sm_75": 65536, "sm_80": 166912, "sm_86": 101376,
-                        "sm_87": 166912, "sm_89": 101376, "sm_90": 232448, "sm_100": 232448, "sm_120": 101376}
-SHARED_MEMORY_MODES = ("static", "opt-in")
 
 
 @dataclass(frozen=True)
@@ -35,7 +29,7 @@ class GpuInfo:
     @property
     def arch(self) -> str:
         major, minor = self.compute_capability
-        # sm_90a: Hopper's arch-specific features (what TVM's H100 tag uses too).
+        # sm_90a: Hopper's arch-specific features (what TVM's Hopper tag uses too).
         return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
     @property
@@ -103,26 +97,6 @@ def _plain(value):
 def target_dict(target) -> dict:
     """The target as a JSON object: `Target(target_dict(t))` rebuilds it (reports, artifact metadata)."""
     return _plain(target.export())
-
-
-def search_target(target, *, shared_memory: str = "static"):
-    """The target a GPU search verifies its candidates against. `static`: the target itself (48 KB of shared
-    memory per block, what every NVIDIA GPU gives without opting in). `opt-in`: the most one block of this
-    architecture may opt into, so that schedules staging 48 KB or more (a third of the tensor-core samples of
-    ResNet-18's convs, benchmarks/results/search-rejections-cpu2/) are measured instead of thrown away."""
-    from tvm.target import Target
-
-    if shared_memory not in SHARED_MEMORY_MODES:
-        raise TunekitError(f"gpu_shared_memory must be static or opt-in, not {shared_memory!r}")
-    if shared_memory == "static" or target.kind.name != "cuda":
-        return target
-    arch = str(target.attrs.get("arch", ""))
-    limit = _OPT_IN_SHARED_BYTES.get(arch.rstrip("af"))
-    if limit is None:
-        raise TunekitError(f"--gpu-shared-memory opt-in: tunekit knows no opt-in shared-memory limit for "
-                           f"{arch or 'this GPU'}; use --gpu-shared-memory static")
-    config = {key: value for key, value in target_dict(target).items() if key not in ("tag", "keys")}
-    return Target({**config, "max_shared_memory_per_block": limit})
 
 
 def target_for(share: Share, *, gpu_index: int = 0):

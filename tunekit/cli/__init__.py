@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..errors import RunFailed, TunekitError
-from . import commands, deploy, native_log, tune
+from . import check, commands, deploy, native_log, tune
 from .common import (EXIT_CODES, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Parser, add_common,
                      reserve_stdout_for_result)
 
@@ -30,6 +30,7 @@ _COMMANDS = {
             deploy.run_command),
     "bench": ("latency of a compiled model at a share: p50/p90/p99, throughput, numerics vs onnxruntime",
               deploy.add_bench, deploy.bench_command),
+    "check": check.COMMAND,
 }
 
 

@@ -1,10 +1,10 @@
 """TVM's C++ log lines off the terminal, into a file (every command, unless --debug).
 
 TVM's LOG(WARNING) writes straight to the process's fd 2, past Python's logging and its levels; TVM 0.27
-has no switch for it (it reads only TVM_LOG_DEBUG). On the H100 a GPU tune printed 74-98 lines of "Trace
-replay failed with ScheduleError" from the evolutionary search, and BERT's import a dozen of topi's "Fast
-mode segfaults when there are out-of-bounds indices" (benchmarks/results/h100x4-mobilenet_v2-resnet50-
-bert-fp16-budgets), across the progress bar. None of them is something a user can act on.
+has no switch for it (it reads only TVM_LOG_DEBUG). A GPU tune prints dozens of lines such as "Trace
+replay failed with ScheduleError" from the evolutionary search, and BERT's import topi's "Fast mode
+segfaults when there are out-of-bounds indices", across the progress bar. None of them is something a
+user can act on.
 
 So fd 2 (and fd 1 where --json sent it to stderr) becomes a pipe that a thread reads: TVM's log lines
 ("[hh:mm:ss] file:line: Level: ...", and the indented lines that continue one) go to a file, everything

@@ -3,8 +3,8 @@ share that meets a latency SLO."""
 from __future__ import annotations
 
 import os
+import sys
 
-from ..config import CLIENT_CORES
 from ..errors import TunekitError
 from . import native_log
 from .common import EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, input_shapes, show_progress
@@ -24,9 +24,6 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "fp16"],
                    help="auto (default): fp16 with fp32 accumulation and NHWC convs on a GPU with tensor cores, "
                    "fp32 on CPU")
-    p.add_argument("--gpu-shared-memory", dest="gpu_shared_memory", choices=["static", "opt-in"],
-                   help="shared memory per block the GPU search lets a kernel use: static (default, 48 KB) or "
-                   "opt-in (the most this GPU's blocks may opt into: 227 KB on an H100); experimental")
     p.add_argument("--servers", type=int, help="runner servers at the share, per GPU (or per node for a CPU share); "
                    "up to 100/pct fit on one device without overlapping (default 1)")
     p.add_argument("--clients", type=int, help="tuning clients (Ray actors) per share, each tuning a shard of the "
@@ -38,27 +35,16 @@ def add_arguments(p) -> None:
                    help="Ray nodes for the tuning clients: any (default, spread), cpu-only (nodes without GPUs) or "
                    "a custom resource that client nodes advertise, e.g. tunekit_client (ray start --resources "
                    "'{\"tunekit_client\": 1}'); for a CPU share those nodes host no runner servers")
-    p.add_argument("--client-cores", choices=list(CLIENT_CORES),
-                   help="the cores of the clients on one node: shared (default: each may run on any of them), "
-                   "per-gpu (the node's cores split over its GPUs, each part shared by that GPU's group of "
-                   "clients) or split (each client pinned to a slice of its own)")
     p.add_argument("--oversubscribe", action="store_true", default=None,
                    help="allow the shares on one device to sum past 100%%: this run's shares tuned at the same "
                    "time, and other tunekit jobs on this machine (the ledger refuses a job that would pass 100%%)")
     p.add_argument("--wait-for-share", dest="share_wait_s", type=float, metavar="S",
                    help="when other tunekit jobs hold too much of the device, wait up to S seconds for them to "
                    "leave instead of being refused (default 0)")
-    p.add_argument("--measure-lock", choices=["auto", "on", "off"],
-                   help="one measurement at a time per device, across every tunekit job on this machine "
-                   "(default auto: on for a GPU, off for CPU shares, whose cores are disjoint)")
-    p.add_argument("--search-per-share", action="store_true", default=None,
-                   help="with several shares: one search per share, in turn, instead of one search whose "
-                   "candidates are each built once and measured at every share (the default)")
     p.add_argument("--robust", action="store_true", default=None,
                    help="with several shares: also write <model>-robust.so, one artifact whose schedules minimize the "
                    "model's worst regret (latency / best latency) over the listed shares; report.json gives "
                    "its regret at each share next to every share's own artifact")
-    p.add_argument("--server-mode", choices=["warm", "stock"])
     p.add_argument("--engine", choices=["tunekit", "stock"],
                    help="tunekit's fast tuning loop (default) or stock MetaSchedule, for comparison (one process only)")
     p.add_argument("--seed", type=int)
@@ -70,8 +56,6 @@ def add_arguments(p) -> None:
                    "needs --rpc-secret-file or TUNEKIT_RPC_SECRET (README: Security)")
     p.add_argument("--rpc-secret-file", metavar="PATH",
                    help="shared secret (first line, chmod 600) that runner servers demand before loading code")
-    p.add_argument("--servers-gone-timeout", dest="servers_gone_timeout_s", type=float, metavar="S",
-                   help="stop the run when no runner server of the share can be reached for S seconds (default 120)")
     p.add_argument("--out", help="output dir (default ./tunekit-out/<model>-<share>)")
     p.add_argument("--slo-ms", metavar="MS",
                    help="latency SLO mode: tune at the smallest share whose tuned latency is <= MS milliseconds. "
@@ -85,9 +69,8 @@ def add_arguments(p) -> None:
                    "(default: skip none; tuning can give several x)")
 
 
-_CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "server_mode", "engine", "seed", "listen_host",
-                 "rpc_secret_file", "servers_gone_timeout_s", "time_budget_s", "precision",
-                 "gpu_shared_memory", "oversubscribe", "share_wait_s", "search_per_share", "robust")
+_CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "engine", "seed", "listen_host", "rpc_secret_file",
+                 "time_budget_s", "precision", "oversubscribe", "share_wait_s", "robust")
 
 
 def tune_config(args):
@@ -103,8 +86,6 @@ def tune_config(args):
     if args.warm_start:
         values["warm_start"] = [*values.get("warm_start", []), *args.warm_start]
     values["input_shapes"] = {**(values.get("input_shapes") or {}), **input_shapes(args)}
-    if args.measure_lock is not None:
-        values["measure_lock"] = {"on": True, "off": False}.get(args.measure_lock, args.measure_lock)
     if args.resume:
         values["resume"] = True
     if args.allow_unenforced_share:
@@ -133,7 +114,7 @@ def coordinator_config(args, *, oversubscribe: bool = False):
     from ..config import CoordinatorConfig
 
     wanted = (args.clients is not None or args.gpus is not None or args.ray_address or os.environ.get("RAY_ADDRESS")
-              or args.client_nodes is not None or args.client_cores is not None)
+              or args.client_nodes is not None)
     if not wanted:
         return None
     gpus = None
@@ -146,7 +127,7 @@ def coordinator_config(args, *, oversubscribe: bool = False):
             raise TunekitError(f"--gpus must be a list of GPU indices such as 0,1, got {args.gpus!r}")
     return CoordinatorConfig(clients=args.clients if args.clients is not None else 2, gpus=gpus,
                              ray_address=args.ray_address, oversubscribe=bool(args.oversubscribe or oversubscribe),
-                             client_nodes=args.client_nodes or "any", client_cores=args.client_cores or "shared")
+                             client_nodes=args.client_nodes or "any")
 
 
 def _tune_slo(args) -> int:
@@ -158,7 +139,7 @@ def _tune_slo(args) -> int:
         raise TunekitError("--slo-max-speedup needs --slo-ms")
     slo_ms = check_slo_ms(args.slo_ms)  # before the model is loaded: a typo fails at once
     ray_flags = [flag for flag, attr in (("--clients", "clients"), ("--gpus", "gpus"), ("--ray-address", "ray_address"),
-                                         ("--client-nodes", "client_nodes"), ("--client-cores", "client_cores"))
+                                         ("--client-nodes", "client_nodes"))
                  if getattr(args, attr, None)]
     if ray_flags:  # the SLO walk tunes one share at a time, in this process: refuse rather than ignore them
         raise TunekitError(f"--slo-ms does not go through the Ray coordinator: drop {', '.join(ray_flags)}")
@@ -179,7 +160,18 @@ def _tune_shares(args, config, coordinator) -> int:
     emit(args, payload, result.report["table_md"] + f"\n\n{result.report['search']}; "
          f"{result.report['tasks_whose_best_differs']} task(s) have a different best record per share"
          + _robust_lines(result.report.get("robust")) + f"\nreport: {result.report_path}")
+    for report in result.report.get("per_share", {}).values():
+        warn_fallbacks(report)
     return EXIT_OK
+
+
+def warn_fallbacks(report: dict) -> None:
+    """One line on stderr when tasks kept their untuned kernel because they kept failing (tasks[].fallback)."""
+    fell = [t for t in report.get("tasks", []) if t.get("fallback")]
+    if fell:
+        first = fell[0]
+        print(f"tunekit: warning: {len(fell)} task(s) at {report.get('share')} kept their untuned kernel "
+              f"(report tasks[].fallback), e.g. {first['name']}: {first['fallback']}", file=sys.stderr, flush=True)
 
 
 def _robust_lines(robust: dict | None) -> str:
@@ -226,4 +218,5 @@ def run(args) -> int:
          auto_line + f"tuned {result.share}: {result.untuned_ms:.3f} ms -> {result.tuned_ms:.3f} ms "
          f"({result.speedup:.2f}x) in {result.wall_s:.0f} s, {result.trials} trials\n"
          f"records: {result.records_dir}\nmodel:   {result.artifact}\nreport:  {result.report_path}")
+    warn_fallbacks(result.report)
     return EXIT_OK

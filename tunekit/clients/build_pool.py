@@ -1,8 +1,8 @@
 """Persistent build workers: one pool of processes for the whole run.
 
 Stock `LocalBuilder` starts a fresh `PopenPoolExecutor` for every batch, so each batch pays a
-TVM import per worker (~10 s a batch on 2 cores; on the H100 image, with torch imported too, the
-default 30 s timeout killed 30 of 32 first candidates). Here the pool is made once and warmed
+TVM import per worker (with torch imported too, enough for the default timeout to kill most first
+candidates). Here the pool is made once and warmed
 up in the background while tasks are extracted. A candidate that exceeds its timeout kills only
 its own worker process (PopenPoolExecutor restarts it on the next submit).
 

@@ -16,9 +16,8 @@ _TIMED = False  # the callback is wrapped once per process (an ffi Function carr
 # TVM 0.27's pass profiler keeps a per-thread stack of the passes it is in, and a pass that throws
 # leaves its entry there. Every later build in that process then failed ("cannot print pass profile
 # while still in a pass!") or crashed the worker in InstrumentBeforePass ("Subprocess terminated")
-# until the pool recycled it: on the H100, 483 of BERT-base's 1,440 trials failed so, where 22 of
-# 24 of those candidates build without the profiler. So after the first build that throws, this
-# process builds without it.
+# until the pool recycled it, though most such candidates build without the profiler. So after the
+# first build that throws, this process builds without it.
 _PASS_TIMING = {"usable": True}
 TOP_PASSES = 8
 

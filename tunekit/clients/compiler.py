@@ -62,7 +62,8 @@ def apply_records(*, prepared_mod, target, database):
 
 def uses_cuda_graphs(target) -> bool:
     """GPU artifacts replay their kernels from a captured CUDA graph: ResNet-18 at batch 1 is a few
-    dozen short kernels, and their launch gaps were 0.18 of its 1.55 ms on the H100 at 40%."""
+    dozen short kernels, and their launch gaps are a large part of its time (benchmarks/RESULTS.md,
+    "CUDA graphs")."""
     return target.kind.name == "cuda"
 
 

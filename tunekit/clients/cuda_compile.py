@@ -141,7 +141,7 @@ _INSTALLED = False
 # The last few modules' cubins, by their source and arch. A GPU run compiles the same device code
 # more than once: the tuned model with CUDA graphs and again without (for the report's comparison),
 # where only the host side differs, and the untuned model of each share of a GPU. NVRTC is most of a
-# ResNet-18 build (benchmarks/results/h100-build-compile), so the second compile reuses the first's.
+# ResNet-18 build (benchmarks/RESULTS.md, "build compile"), so the second compile reuses the first's.
 _REUSE_LIMIT = 8
 _COMPILED: "collections.OrderedDict[tuple, bytes]" = collections.OrderedDict()
 

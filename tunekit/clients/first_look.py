@@ -3,18 +3,13 @@
 MetaSchedule's evolutionary search samples a population and then mutates it for a few generations,
 guided by the cost model. Before a task has a single measurement, that guidance is weak: the model
 has seen only other tasks (or nothing, and then XGBModel answers with random scores). Yet the
-generations are two thirds of a search's cost: an fp16 tensor-core conv of ResNet-18 searched in
-11.3 s with 2 generations and 3.5 s without, on 2 cores (`benchmarks/search_cost.py --settings
-128:2:16,128:0:16`). On the H100 every meaningful task pays one first search before the run can say
-anything about it, and those searches set the pace of a 256-trial run
-(benchmarks/results/h100-resnet18-search-per-trial).
+generations are most of a search's cost (benchmarks/RESULTS.md, "First look"), and every meaningful
+task pays one first search before the run can say anything about it.
 
 So a task's first search only samples (the same sampler as the evolutionary search's initial
 population, on the task's own search state and threads) and ranks the valid schedules with the
 cost model. From the task's second search on, the evolutionary search runs as usual, seeded by
-the first look's measured records from the database. `search_first_look: false` (config) turns it
-off. On the 2-core CPU machine it also cut the tuning wall (1.2-2.8x at 32 trials) with tuned models
-within +-3%, so it is on for every target.
+the first look's measured records from the database.
 """
 from __future__ import annotations
 

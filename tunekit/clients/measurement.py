@@ -48,7 +48,7 @@ class Measurement:
     share_cores: list[int] | None = None  # the cores the servers are pinned to (CPU: the share's; GPU: see
                                           # shares.pinning.measurement_cores); builds stay off them
     share_env: dict = field(default_factory=dict)  # what pins a process to the share (MPS vars on GPU)
-    shared: bool = False                  # other clients measure on the same servers: release idle sessions
+    shared: bool = False                  # other clients measure on the same servers: give idle sessions back
     secret: bytes | None = field(default=None, repr=False)  # the warm servers' shared secret (never logged)
 
 

@@ -20,9 +20,6 @@ feeding the heaviest tasks):
    FLOP rate among similar tasks) - c, with c its current latency and n its batches; the expected
    latency is never below the fastest kernel measured in the model (the launch floor).
 
-`policy="score"` keeps the rule before this one (weight x latency x 0.5^stale batches, no warm-up,
-nothing skipped), for comparison (TuneConfig.task_scheduler).
-
 Two budget modes:
 - one global budget (`config.trials`, one process): every task may take any number of trials; the
   loop stops when the budget is spent;
@@ -77,6 +74,8 @@ class TaskState:
     first_looks: int = 0                          # of them, first searches that only sampled (clients.first_look)
     failed_build: int = 0   # of `failed`: candidates that never built (the others built but failed to run)
     first_errors: dict = field(default_factory=dict)  # "build" / "run" -> the first such error, one line
+    # Why the task stopped being tuned and keeps its untuned kernel (its stage and first error line), if it did
+    fallback: str | None = None
 
     @property
     def best_tensorized(self) -> bool | None:
@@ -95,10 +94,6 @@ class TaskState:
         latency = self.effective_us
         return self.weight * latency if latency is not None else float("inf")
 
-    def score(self) -> float:
-        """The "score" policy: the time this task takes in the model, fading while it stops improving."""
-        return self.cost_in_model() * (0.5 ** self.stale_batches)
-
     def record(self, us: float | None, *, key: str | None = None, tensorized: bool = False,
                error: str | None = None, at_build: bool = False) -> None:
         """One measured trial (us None: it failed, with `error`; `at_build`: it never built) of the
@@ -114,6 +109,10 @@ class TaskState:
             self.first_errors.setdefault("build" if at_build else "run", error_line(error))
         elif self.best_us is None or us < self.best_us:
             self.best_us, self.best_key = us, key
+
+    def keeps_failing(self, limit: int) -> bool:
+        """Every one of at least `limit` candidates failed: more of them would waste the run's trials."""
+        return self.best_us is None and self.failed >= limit and self.failed == self.measured - self.resumed
 
     def after_batch(self, previous_us: float | None, *, fresh: int, cached: int) -> None:
         """A batch came back: a task that improved by less than 1% counts one more stale batch; one
@@ -169,42 +168,28 @@ def gradient(task: TaskState, tasks: list[TaskState], *, alpha: float = ALPHA, b
     if task.flops > 1.0 and len(similar) > 1:
         best_rate = max(t.flops / t.effective_us for t in similar)
         expected = min(expected, beta * task.flops / best_rate)
-    # No kernel gets faster than the fastest kernel measured in the model (~3 us on a GPU: launch
-    # and sync). Without this floor a launch-bound kernel's FLOP-rate target is ~0 us, so its whole
-    # latency looked winnable: BERT-base's 3.7 us attention matmuls took 1,550 of 2,030 trials while
-    # its 14-18 us projections got 64-112 each.
+    # No kernel gets faster than the fastest kernel measured in the model (launch and sync): without
+    # this floor a launch-bound kernel's whole latency looked winnable and took most of the trials.
     floor = min((t.effective_us for t in tasks if t.effective_us), default=0.0)
     forward = max(expected, min(floor, cost)) - cost
     return task.weight * (alpha * backward + (1 - alpha) * forward)
 
 
-POLICIES = ("gradient", "score")
-
-
 class TaskScheduler:
     def __init__(self, tasks: list[TaskState], *, pool=None, trials_per_iter: int, improving_only: bool = True,
-                 policy: str = "gradient", pool_key: str | None = None, min_task_share: float | None = None,
-                 reserve_from_pool: bool = False):
+                 pool_key: str | None = None, min_task_share: float | None = None):
         """`pool_key`: who this scheduler is to the pool (a client's shard): each task's releases are
         declared under `<pool_key>/<task>`, so a restarted client's repeated releases count once.
-        `reserve_from_pool` (TuneConfig.reserve_from_pool): a busy task with picks in reserve may draw from the
-        pool when no idle task still improves.
         `min_task_share`: the share under which tasks were marked negligible (mark_negligible); a
         negligible task is reconsidered against the model as tuned so far before every choice."""
-        if policy not in POLICIES:
-            raise ValueError(f"task scheduler policy must be one of {POLICIES}, not {policy!r}")
         self.tasks = tasks
         self.pool = pool
         self.trials_per_iter = trials_per_iter
         self.improving_only = improving_only
-        self.policy = policy
         self.pool_key = pool_key
         self.min_task_share = min_task_share
-        self.reserve_from_pool = reserve_from_pool
 
     def _best(self, tasks: list[TaskState]) -> TaskState:
-        if self.policy == "score":
-            return max(tasks, key=TaskState.score)
         return min(tasks, key=lambda t: (gradient(t, self.tasks), -t.cost_in_model()))
 
     def _open(self, busy: set[int]) -> list[TaskState]:
@@ -217,15 +202,15 @@ class TaskScheduler:
         (None back while it defers: measure what is in flight, then ask again).
         `reserved`: {index: trials in flight} of busy tasks that could send another batch without a search
         (their last search left picks in reserve). One of them is chosen only when no idle task may take
-        a batch: first one whose cap has room beyond its trials in flight, then (only with `reserve_from_pool`),
-        when no idle task is hopeful either, one that still improves draws from the pool."""
+        a batch and its cap has room beyond its trials in flight (never a draw from the pool: such draws come
+        at the rate a client sends, not at the rate it measures, and emptied the pool early)."""
         reserved = reserved or {}
         if self.min_task_share is not None:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
         if open_tasks:
             warm_up = [t for t in open_tasks if t.batches == 0]
-            if warm_up and self.policy == "gradient":
+            if warm_up:
                 return max(warm_up, key=lambda t: (t.cost_in_model(), t.flops * t.weight))
             return self._best(open_tasks)
         # Rather than leave a slot of the pipeline empty (a client holding fewer tasks than its depth),
@@ -238,13 +223,6 @@ class TaskScheduler:
             return None
         # Every task spent its budget: the best one that still improves asks the pool for more.
         hopeful = [t for t in self._open(busy) if t.stale_batches == 0 or not self.improving_only]
-        # none idle: a busy one with picks in reserve (a client holding few tasks keeps its pipeline full). Off by
-        # default: such draws come at the rate a client sends, not at the rate it measures, so the pool can empty
-        # early and no longer even out the clients' ends. Lease 17 (benchmarks/results/h200x2-resnet18-gpu40-
-        # coordinator-768), with this and search_in_background on: clients drew last 2-93 s (median 30) before
-        # they were done, against 1-18 s in leases 12 and 15 without them, and the 2-GPU clients ended up to 40 s apart.
-        if self.reserve_from_pool:
-            hopeful = hopeful or [t for t in in_reserve if t.stale_batches == 0 or not self.improving_only]
         if not hopeful:
             return None
         # by key: a restart gives back the unmeasured, and the pool knows whose pipeline is whose
@@ -253,7 +231,7 @@ class TaskScheduler:
             return None
         # A part, not a whole batch: the pool's last trials. A task whose last search left candidates in
         # reserve measures them at once; one that must search first holds its client for a whole search
-        # (6-7 s on the H100 machines) for those few trials, and the run ends with that client. A reserve
+        # for those few trials, and the run ends with that client. A reserve
         # that holds the whole part first: a batch that empties its reserve searches for the rest.
         ready = []
         if granted < self.trials_per_iter:
@@ -285,3 +263,9 @@ class TaskScheduler:
         """The search found no candidate: the task's space is used up."""
         task.exhausted = True
         self.release_unused(task)
+
+    def fall_back(self, task: TaskState, reason: str) -> None:
+        """The task keeps failing (`reason`: its stage and first error line): it is not tuned any more, and keeps
+        its untuned kernel in the compiled model."""
+        task.fallback = task.fallback or error_line(reason)
+        self.exhaust(task)

@@ -87,7 +87,6 @@ class RunnerConfig:
     repeat: int = 1
     min_repeat_ms: int = 20
     candidate_timeout_s: float = 60.0  # one candidate; a hang fails it and its server is stopped (see on_hang)
-    connect_timeout_s: float = 120.0   # unused (kept for callers); see servers_gone_timeout_s
     enable_cpu_cache_flush: bool = False
     # No session held and no server reachable for this long: the run stops (ServersGone).
     servers_gone_timeout_s: float = 120.0
@@ -337,7 +336,7 @@ class SessionRunner(PyRunner):
                 last_error = text
                 time.sleep(0.5)
             with self._cond:
-                # Only time spent trying counts (an idle client that released its session is not lost).
+                # Only time spent trying counts (an idle client that gave back its session is not lost).
                 lost_for = time.monotonic() - max(self._alive_at, trying_since)
                 gone = self._held == 0 and lost_for > self.config.servers_gone_timeout_s
             if gone:
@@ -400,7 +399,7 @@ class SessionRunner(PyRunner):
             job = self._take()
             if job is None:
                 return
-            if held is None:  # release_idle_sessions: a session only for the candidates at hand
+            if held is None:  # lazy: a session only for the candidates at hand
                 try:
                     held = self._open_session()
                 except ServersGone as exc:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import time
 
-from .design_spaces import stock_seed
+from .design_spaces import stock_contexts, stock_seed
 from .measurement import TuningOutcome
 from .progress import make_progress_callback
 
 
-def stock_runner_kind(device_kind: str, config) -> str:
-    if config.stock_runner != "auto":
-        return config.stock_runner
+# Milliseconds per measurement in TVM's time evaluator (its RPCRunner default is 0: noisy on a share).
+MIN_REPEAT_MS = 20
+
+
+def stock_runner_kind(device_kind: str) -> str:
     # The stock RPC server cannot measure CUDA well (fork mode: cudaErrorInitializationError;
     # --no-fork: ~8 s a measurement), so stock's best working setup on a GPU is LocalRunner.
     return "local" if device_kind == "gpu" else "rpc"
@@ -34,6 +36,8 @@ class StockEngine:
         prepare_metaschedule_logging()
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             tasks, work_dir, num_threads=threads, seed=seed)
+        contexts, weights, left_out = stock_contexts(contexts, weights)
+        tasks = [t for t in tasks if t.task_name not in left_out]  # they keep their untuned kernel
         callback = make_progress_callback(progress=progress, task_names=[t.task_name for t in tasks])
         builder = ms.builder.LocalBuilder(max_workers=config.builder_workers or max(1, len(os.sched_getaffinity(0))),
                                           timeout_sec=config.build_timeout_s)
@@ -50,16 +54,17 @@ class StockEngine:
                 for i, task in enumerate(tasks)]
         return TuningOutcome(callback.done, callback.failed, wall, rows, engine=self.name,
                              phases={"wall_s": round(wall, 3),
-                                     "stock_runner": stock_runner_kind(measurement.device_kind, config),
-                                     "seed": seed, **({"seeds_passed_over": passed_over} if passed_over else {})})
+                                     "stock_runner": stock_runner_kind(measurement.device_kind),
+                                     "seed": seed, **({"seeds_passed_over": passed_over} if passed_over else {}),
+                                     **({"tasks_left_out": left_out} if left_out else {})})
 
     @staticmethod
     def _runner(measurement, config):
         from tvm.s_tir import meta_schedule as ms
 
-        evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=config.min_repeat_ms,
+        evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=MIN_REPEAT_MS,
                                               enable_cpu_cache_flush=False)
-        if stock_runner_kind(measurement.device_kind, config) == "local":
+        if stock_runner_kind(measurement.device_kind) == "local":
             # LocalRunner's worker inherits this process's environment: put the MPS share there first.
             os.environ.update(measurement.share_env)
             return ms.runner.LocalRunner(evaluator_config=evaluator, timeout_sec=config.session_timeout_s)

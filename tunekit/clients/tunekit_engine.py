@@ -15,9 +15,8 @@ from .measurement import Measurement, ShareToMeasure, TuningOutcome, builder_cor
 log = logging.getLogger("tunekit.engine")
 
 # XGBoost's threads for the cost model. One: its training runs on the updater thread beside the search's
-# threads and the build workers, and an OpenMP team on busy cores spins at its barriers. On 2 cores beside
-# 2 busy processes, one update took 0.61 s on 1 thread, 7.9 s on 2 and 4.7 s on 8, all of it CPU; on idle
-# cores 0.48-0.52 s at any count (the data is a few hundred rows). benchmarks/results/search-contention-cpu2/.
+# threads and the build workers, and an OpenMP team on busy cores spins at its barriers; more threads
+# gain nothing on a few hundred rows (benchmarks/RESULTS.md, "search contention").
 COST_MODEL_THREADS = 1
 
 
@@ -71,7 +70,6 @@ def _runner_for(measurement: Measurement, config: TuneConfig, *, measure_lock=No
 
     runners = [SessionRunner(RunnerConfig(tracker_host=fleet.host, tracker_port=fleet.port, key=fleet.key,
                                           sessions=fleet.sessions, candidate_timeout_s=config.session_timeout_s,
-                                          min_repeat_ms=config.min_repeat_ms,
                                           servers_gone_timeout_s=config.servers_gone_timeout_s,
                                           label=measurement.label or fleet.key.removeprefix("tunekit-"),
                                           release_idle_sessions=measurement.shared, secret=measurement.secret,
@@ -168,7 +166,7 @@ class TunekitEngine:
             with cooperative(), process_on(engine.cores):
                 loops = engine.search_shares(SearchRequest(
                     extracted_tasks=tasks, target=target, database=first.database, config=config, work_dir=work_dir,
-                    progress=progress, measure_untuned=config.measure_untuned_tasks, warm_start=sources,
+                    progress=progress, warm_start=sources,
                     label=first.label, other_shares={s.label: s.database for s in others}))
             for s in shares:
                 loaded[s.label]["saved_to"] = cost_model_store.save(models[s.label], s.records_dir)

@@ -43,7 +43,11 @@ def best_records(databases: list) -> dict:
     return {mod: sorted(records, key=lambda r: mean_run_us(r.run_secs)) for mod, records in groups}
 
 
-def pick(tasks: list, foreign: dict, *, top_k: int, trace_key) -> list[tuple]:
+# Per task, the foreign records measured again here: each costs a trial of this run.
+TOP_K = 2
+
+
+def pick(tasks: list, foreign: dict, *, top_k: int = TOP_K, trace_key) -> list[tuple]:
     """(task, record) pairs to measure again: each task's `top_k` fastest foreign records whose
     candidate this share has not measured yet (one per distinct trace)."""
     import tvm_ffi

@@ -16,16 +16,12 @@ class TrialPool:
 
     `takers`: the clients that draw from it. While it holds less than a batch for each of them, a draw
     gets its part of what is left (never under a quarter of the batch asked for), not a whole batch: the
-    client that drew the last whole batch measured it alone while the others sat done (2 x H200, 8
-    clients: the last client done 8 s after the first, in an 88 s tuning wall).
+    client that drew the last whole batch measured it alone while the others sat done.
 
     In those last trials a draw also says how many trials its client has `ahead` (proposed, not yet
     measured: up to pipeline_depth batches). A client whose pipeline already holds its part of all that
     is left, in the pool and ahead of every client, gets nothing (`deferred`) and measures what it has
-    first; the trials go to clients with shorter pipelines. It was meant for a run's tail (2 x H100, 4
-    clients: the last done 6.4 s after the first in a 102 s wall, which cost 2 GPUs 1.80x -> 1.77x the
-    trials/s of one). In its one GPU run it deferred once and the tail stayed (6.5 s): the likelier cause
-    is a whole search after a client's last draw, which the scheduler now avoids (reserve first)."""
+    first; the trials go to clients with shorter pipelines, so the clients end closer together."""
 
     def __init__(self, available: int = 0, *, takers: int = 1):
         self._lock = threading.Lock()
@@ -34,8 +30,7 @@ class TrialPool:
         self.released = 0      # trials given back by tasks that could not use them
         self.reassigned = 0    # trials taken from the pool by tasks that still improve
         self.measured = 0
-        self.best: dict[str, float] = {}
-        self._released_by: dict[str, int] = {}  # key -> the total it declared released so far
+        self._released_by: dict[str, int] = {}  # key -> the total it declared given back so far
         self._drawn_by: dict[str, int] = {}  # key (a client's shard) -> what it took and may not have measured
         self.returned = 0  # trials a dead client had taken and not measured, given back when it restarted
         # key -> trials its client had ahead at its last draw, plus what it was granted, less what it
@@ -93,14 +88,11 @@ class TrialPool:
             self.available += count
             self.released += count
 
-    def report(self, measured: int, task: str | None = None, best_us: float | None = None,
-               key: str | None = None) -> None:
+    def report(self, measured: int, key: str | None = None) -> None:
         with self._lock:
             self.measured += int(measured)
             if key is not None and key in self._ahead:  # measured: no longer ahead of that client
                 self._ahead[key] = max(0, self._ahead[key] - int(measured))
-            if task is not None and best_us is not None:
-                self.best[task] = best_us
 
     def last_grants(self) -> dict[str, float]:
         """When each client last drew trials (time.time()): what it did after is the run's tail."""
@@ -145,8 +137,7 @@ class RemotePool:
 
         ray.get(self.handle.release.remote(count, key))
 
-    def report(self, measured: int, task: str | None = None, best_us: float | None = None,
-               key: str | None = None) -> None:
+    def report(self, measured: int, key: str | None = None) -> None:
         # fire and forget: progress, and the pipeline the pool balances; Ray runs one caller's calls on an
         # actor in order, so the pool hears of a measurement before the client's next draw
-        self.handle.report.remote(measured, task, best_us, key)
+        self.handle.report.remote(measured, key)

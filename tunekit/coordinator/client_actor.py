@@ -70,8 +70,8 @@ class TuningClientImpl:
         if cores:
             self.build_cores = sorted(cores)
         # Ray sets OMP_NUM_THREADS=1 in an actor that asks for <= 1 CPU, and TVM's thread pool falls
-        # back to OMP_NUM_THREADS: the evolutionary search then ran on one thread (seen on the H100:
-        # 0.24 trials/s against 0.72 in one process). Give the search this client's cores.
+        # back to OMP_NUM_THREADS: the evolutionary search then runs on one thread, about a third as fast
+        # (benchmarks/RESULTS.md, "search threads in a Ray actor"). Give the search this client's cores.
         threads = str(self.build_workers)
         os.environ["TVM_NUM_THREADS"] = threads
         os.environ["OMP_NUM_THREADS"] = threads

@@ -126,7 +126,6 @@ class RayExecutor:
         self.mps_actors: dict[str, object] = {}
         self.cluster = None
         self._client_node_of: dict[tuple, str] = {}  # (share, shard) -> node of its latest client
-        self._gpus_on_node: dict[str, set] = {}  # node -> the GPUs fleets measure on there (--client-cores per-gpu)
         self._warm_ups = WarmUps()
         self._total_clients = 1
 
@@ -193,8 +192,7 @@ class RayExecutor:
     def warm_up(self, group: list[ShareJob], sessions: dict):
         """Start the group's fleets and tuning clients (each importing TVM and starting its build workers)
         on a thread while the pipeline compiles and times the untuned model; `tune` takes them over. Started
-        in `tune`, the clients' start was 7-8 s of every tuning wall on 2 x H200 (ResNet-18 at 40%), a fixed
-        cost that more GPUs do not shrink."""
+        in `tune`, the clients' start is a fixed cost in every tuning wall that more GPUs do not shrink."""
         return self._warm_ups.hold(lambda stack, steps: self._start(group, stack, steps))
 
     def _start(self, group: list[ShareJob], stack: contextlib.ExitStack, steps: dict) -> list[_ShareRun]:
@@ -314,8 +312,6 @@ class RayExecutor:
         pending = []
         for run in runs:
             for node_id, device in devices:
-                if device is not None:
-                    self._gpus_on_node.setdefault(node_id, set()).add(device)
                 options = {"scheduling_strategy": node_affinity(node_id)}
                 if device is not None and not self.coord.oversubscribe:
                     # Books the GPU fraction the servers use; MPS is what enforces it.
@@ -424,21 +420,8 @@ class RayExecutor:
             landed.append((run, shard, place))
         for run, shard, place in landed:
             cores = place.pop("core_ids")
-            # its slot among the clients on its node, in a stable order
-            neighbours = sorted(key for key, node in self._client_node_of.items() if node == place["node_id"])
-            slot = neighbours.index((run.label, shard))
-            if self.coord.client_cores == "per-gpu":
-                # its GPU group's part of the node's cores, shared with the group's other clients
-                slices = planning.device_group_cores(cores, len(self._gpus_on_node.get(place["node_id"], ())),
-                                                     len(neighbours))
-                mine = slices[slot]
-                place["build_workers"] = planning.build_workers_for(
-                    len(mine), place["node_cpus"] * len(mine) / max(1, len(cores)), slices.count(mine))
-                cores = mine
-            else:
-                place["build_workers"] = planning.build_workers_for(place["cores"], place["node_cpus"], len(neighbours))
-            if self.coord.client_cores == "split":  # each gets cores of its own
-                cores = planning.client_cores(cores, slot, place["build_workers"])
+            neighbours = [key for key, node in self._client_node_of.items() if node == place["node_id"]]
+            place["build_workers"] = planning.build_workers_for(place["cores"], place["node_cpus"], len(neighbours))
             place["client_cores"] = _ranges(cores)
             run.clients[shard].size.remote(place["build_workers"], cores=cores)
         return unplaced
@@ -455,7 +438,6 @@ class RayExecutor:
                                               # a client left idle until the others are done is what the reserve
                                               # is there to prevent
                                               improving_only=not run.reserve,
-                                              measure_untuned=self.config.measure_untuned_tasks,
                                               resume_counts=resume)
 
     def _start_clients_of(self, ray, runs: list[_ShareRun]) -> None:

@@ -16,6 +16,8 @@ def fold_extra(outcome: dict, extra: dict) -> None:
             mine.setdefault("first_errors", {}).setdefault(kind, line)
         mine["extra"] = mine.get("extra", 0) + row.get("extra", 0)
         mine["exhausted"] = row.get("exhausted", False)
+        if row.get("fallback"):
+            mine.setdefault("fallback", row["fallback"])
         if row.get("tuned_us") and (mine.get("tuned_us") is None or row["tuned_us"] < mine["tuned_us"]):
             mine["tuned_us"] = row["tuned_us"]
             if mine.get("untuned_us"):
@@ -70,6 +72,6 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "pipeline": (run.outcomes[s].get("phases") or {}).get("pipeline"),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
-            # reserve: what the pool held at the start (plan.reserve_trials); released: what tasks gave back;
-            # returned: what dead clients had drawn and not measured
+            # reserve: what the pool held at the start (plan.reserve_trials); next to it, what tasks gave
+            # back and, as returned, what dead clients had drawn and not measured
             "pool": {**pool_status, "reserve": run.reserve}, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}

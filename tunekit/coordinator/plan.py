@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import TunekitError
 from ..shares.share import Share
@@ -56,9 +56,8 @@ def allocate_trials(flops_weights: list[float], total: int) -> list[int]:
 # Several clients: part of the trials starts in the share's pool instead of any task's budget, and goes
 # to whichever client is free first. The budgets are balanced by estimated cost (FLOPs x weight x
 # trials), but a trial's wall time hardly follows FLOPs: search, build and measurement cost about the
-# same for a small task as for a large one. On 2 x H200 (ResNet-18 at 40%, 768 trials, 4 clients of
-# equal estimated cost) the clients were done at 79, 84, 94 and 120 s, the last one holding 11 small
-# tasks and 307 trials, while the pool, then fed only by tasks that gave trials back, moved 25 trials.
+# same for a small task as for a large one, so clients of equal estimated cost finish far apart unless a
+# pool evens them out (benchmarks/RESULTS.md, "coordinator reserve").
 RESERVE_FRACTION = 0.5
 
 
@@ -111,17 +110,6 @@ def group_shares(shares: list[Share], *, servers: int, oversubscribe: bool) -> l
             groups.append([share])
             used.append(need)
     return [sorted(group, key=lambda s: s.pct) for group in groups]
-
-
-@dataclass
-class ServerSlot:
-    """One runner server's place: which device (GPU index, or None on CPU) and which CPU cores."""
-
-    share: Share
-    device: int | None
-    cores: list[int] | None = None
-    node_id: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def cpu_slots(group: list[Share], *, servers: int, available: list[int] | None = None) -> tuple[dict, bool]:
@@ -188,29 +176,6 @@ def place_clients(nodes: list[dict], count: int, busy: dict | None = None) -> li
         load[best["NodeID"]] += 1
         placed.append(best["NodeID"])
     return placed
-
-
-def client_cores(cores: list[int], slot: int, workers: int) -> list[int]:
-    """The cores of the `slot`-th client on a node whose clients may use `cores`: `workers` of them, each
-    client its own (wrapping round when there are more clients' workers than cores). Disjoint, so the
-    clients' searches and build workers stay off each other's cores and caches instead of all floating
-    over the whole node."""
-    ordered = sorted(cores)
-    if not ordered:
-        return []
-    return sorted({ordered[(slot * workers + j) % len(ordered)] for j in range(max(1, workers))})
-
-
-def device_group_cores(cores: list[int], devices: int, clients: int) -> list[list[int]]:
-    """`--client-cores per-gpu`: the cores of each of a node's `clients` (in their stable order) when the
-    node's cores are split evenly over the `devices` GPUs tunekit measures on there, and each GPU's part is
-    shared by a group of the clients, as if every GPU came with a machine of its own. With fewer clients
-    than GPUs there are as many groups as clients; with no GPU (a CPU-only client node) one group: shared."""
-    ordered = sorted(cores)
-    groups = max(1, min(devices, clients, len(ordered)))
-    size = len(ordered) // groups if ordered else 0
-    slices = [ordered[g * size:(g + 1) * size] if g < groups - 1 else ordered[g * size:] for g in range(groups)]
-    return [slices[k * groups // max(1, clients)] for k in range(clients)]
 
 
 def build_workers_for(cores: int, node_cpu: float, clients_on_node: int) -> int:

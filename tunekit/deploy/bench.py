@@ -8,7 +8,6 @@ so what it measures is what the model gets in production at that share.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -49,7 +48,6 @@ class BenchResult:
     gpu_name: str | None
     tvm_version: str
     numerics: dict | None = None  # with compare_onnx: per output errors against onnxruntime (CPU)
-    pytorch: dict | None = None   # with compare_onnx: PyTorch timing, or why there is none
     variant: str | None = None    # a share-robust artifact: the share whose schedules ran (timed at load)
     variant_median_ms: dict | None = None  # ... and each variant's time there
 
@@ -123,7 +121,6 @@ def bench(artifact: str, *, gpu_pct: int | None = None, cpu_pct: int | None = No
         variant=seen.get("variant"), variant_median_ms=seen.get("variant_median_ms") or None)
     if compare_onnx:
         result.numerics = _numerics(compare_onnx, meta=meta, inputs=inputs, outputs=outputs)
-        result.pytorch = pytorch_note(compare_onnx)
     return result
 
 
@@ -165,17 +162,3 @@ def _numerics(onnx_path: str, *, meta: ArtifactMetadata, inputs: dict, outputs: 
             # False: the ONNX file is not the one the artifact was compiled from (differences expected)
             "same_model": model_digest(onnx_path) == meta.model_sha256,
             "outputs": compare_outputs(list(outputs), list(outputs.values()), onnxruntime_outputs(onnx_path, inputs))}
-
-
-def pytorch_note(onnx_path: str) -> dict:
-    """PyTorch timing is planned for models exported from PyTorch; for now, why there is none."""
-    import onnx
-
-    producer = onnx.load(onnx_path, load_external_data=False).producer_name or "unknown"
-    if producer != "pytorch":
-        reason = f"the ONNX model was not exported from PyTorch (producer: {producer})"
-    elif importlib.util.find_spec("torch") is None:
-        reason = "torch is not installed"
-    else:
-        reason = "PyTorch timing is not implemented yet"
-    return {"available": False, "reason": reason}

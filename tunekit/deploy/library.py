@@ -5,8 +5,8 @@ library loaded the first time, even after the file was replaced. One process loa
 artifacts at one path in two places: the latency worker that times every artifact of a share for a
 whole run (servers.latency), where `--precision auto` builds the untuned model again in fp32 at the
 path of the refused fp16 build, and a user's session that loads a model, tunes it again, and loads
-it again. The H100 timed and checked the fp16 build a second time, and refused the fp32 fallback
-for the fp16 build's error. So every load opens a private copy under a name of its own.
+it again. Without a fresh load the fp32 fallback would be timed and checked as the fp16 build it
+replaced. So every load opens a private copy under a name of its own.
 """
 from __future__ import annotations
 

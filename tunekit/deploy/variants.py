@@ -6,9 +6,7 @@ model was tuned at (`main__gpu20`, `main__gpu40`, ...), each compiled with that 
 The weights are shared: the entries differ only in their kernels.
 
 Why: a static per-task choice cannot be good at every share when the model's best kernels differ by
-share. On the H100, ResNet-50 in fp32 tuned at 100% runs 1.26x slower at 20% than the model tuned
-at 20%, and no per-task choice from 1,024 candidates gets under 1.06x at both ends (the dual bound
-in records.robust). Under MPS a process sees only its share's SMs, and the share is what decides
+share (benchmarks/RESULTS.md, "share-robust choice"; the dual bound in records.robust). Under MPS a process sees only its share's SMs, and the share is what decides
 which schedule is fastest, so the artifact asks the GPU: at load, each entry is timed a few times,
 alternating, and the fastest one serves every call.
 

@@ -1,8 +1,8 @@
 """One CUDA kernel for a whole scaled-dot-product attention: scores, mask, softmax and P @ V.
 
 Unfused, a transformer layer's attention at batch 1 is seven launches (Q/K/V and context
-transposes, the two matmuls, softmax) of 3-7 µs each at a 40% share, all launch-bound:
-BERT-base spent ~320 µs of its ~1 ms there at 40% of an H100. This kernel reads Q, K and V
+transposes, the two matmuls, softmax), all launch-bound at a small share, and a large part of
+BERT-base's time (benchmarks/RESULTS.md, "BERT attention"). This kernel reads Q, K and V
 where they already are (the combined QKV projection's output, by strides), keeps K and V in shared
 memory, and writes the context in [B, S, H, D], which is what the output projection reads after a
 reshape that costs nothing.

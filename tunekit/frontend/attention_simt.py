@@ -133,6 +133,10 @@ def _context(c):
     from tvm.script import tirx as T
 
     loops, S, D, NT, KP, TPR, DV = c.loops, c.S, c.D, c.NT, c.KP, c.TPR, c.DV
+    # V's columns of a thread as one load where that is a CUDA vector: every column in the row (no clamp) and
+    # 2, 4 or 8 halves (CUDA has no odd vectors of half: head dim 48 failed; a clamped index is no vector load
+    # at all: 60 failed). Else one load per column.
+    VV = DV if D % TPR == 0 and DV in (2, 4, 8) else 0
 
     @T.macro
     def context(E, Vs, row_sum, out, b, h, i0):
@@ -150,8 +154,12 @@ def _context(c):
                 for e in T.vectorized(VECTOR):
                     ev[e] = E[tx // TPR, jc * VECTOR + e]
                 for jj in T.unroll(VECTOR):
-                    for e in T.vectorized(DV):
-                        vv[e] = Vs[(jc * VECTOR + jj) * D + T.min(tx % TPR * DV + e, D - 1)]
+                    if VV > 0:
+                        for e in T.vectorized(VV):
+                            vv[e] = Vs[(jc * VECTOR + jj) * D + tx % TPR * DV + e]
+                    else:
+                        for e2 in T.unroll(DV):
+                            vv[e2] = Vs[(jc * VECTOR + jj) * D + T.min(tx % TPR * DV + e2, D - 1)]
                     for e in T.unroll(DV):
                         o[e] = o[e] + T.Cast(F32, ev[jj]) * T.Cast(F32, vv[e])
             if i0 + tx // TPR < S:

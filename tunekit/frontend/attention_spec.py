@@ -4,6 +4,7 @@ and the loops and loads both bodies share. frontend.attention_kernel builds the 
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -79,6 +80,17 @@ def plan(spec: Attention, *, tensor_cores: bool = True) -> Plan | None:
     return Plan(False, ROWS * SIMT_THREADS_PER_ROW, keys, tiles, shared)
 
 
+def kernel_symbol(spec: Attention, shape: Plan, *, gpu: bool) -> str:
+    """The kernel's global symbol: its body and shape, and a digest of everything it is built from (operand
+    layouts, mask, scale, plan, GPU or CPU loops). A model's kernels of different specs get different symbols
+    (one symbol for two kernels fails the build), the same spec the same symbol on every run (records and
+    artifacts may name kernels), and structurally equal kernels stay equal, so a module keeps one of them."""
+    digest = hashlib.sha1(repr((spec, shape, gpu)).encode()).hexdigest()[:10]
+    body = "mma" if shape.tensor_cores else "simt"
+    return (f"attention_{body}_b{spec.batch}h{spec.heads}s{spec.seq}k{spec.keys}d{spec.head_dim}"
+            f"{'' if gpu else '_cpu'}_{digest}")
+
+
 class Loops:
     """What the two kernel bodies share: the loop kinds and scopes of the GPU / CPU variants, where
     an operand's element is, the cooperative load of operand rows into shared memory, and the
@@ -138,4 +150,5 @@ class Loops:
                 i0 = bx % NQT * ROWS
                 block(qf, kf, vf, mf, out, b, h, i0)
 
-        return attention
+        # T.prim_func names every kernel after this function: `attention`, which a module then holds twice
+        return attention.with_attr("global_symbol", kernel_symbol(spec, self.shape, gpu=self.gpu))

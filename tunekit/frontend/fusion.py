@@ -1,7 +1,7 @@
 """Which kernels a model is cut into: Relax's "zero" pipeline (LegalizeOps, AnnotateTIROpPattern,
 FoldConstant, FuseOps, FuseTIR), with two changes on GPUs, where every kernel boundary costs a
-launch of 3-5 µs at a 40% share (benchmarks/results/h100-bert-attention) and most of BERT-base's
-small kernels ran at that floor:
+launch of a few µs at a small share, and most of BERT-base's small kernels ran at that floor
+(benchmarks/RESULTS.md, "BERT attention"):
 
 - **Gathers are injective.** AnnotateTIROpPattern calls `take` opaque, because its index is read
   from a tensor; so nothing fused with it and BERT's embedding lookup, its index wrap-around

@@ -2,9 +2,8 @@
 
 In BERT-base every LayerNorm reads the output of one injective kernel: the split-K sum with its
 cast, bias and residual add after the feed-forward block (frontend.split_k), and the embeddings'
-sum. At a 40% share on the H100 each of those kernels and each LayerNorm was 4.8-5 µs, the launch
-floor, for well under 1 µs of memory traffic (benchmarks/results/h100-bert-attention/lease3). One
-kernel instead of two saves a launch per pair.
+sum. Each of those kernels and each LayerNorm runs at the launch floor, for far less memory traffic
+(benchmarks/RESULTS.md, "BERT attention"). One kernel instead of two saves a launch per pair.
 
 Relax's FuseOps never does it: LegalizeOps' layer_norm is `kOutEWiseFusable` (like a conv), so
 only elementwise consumers fuse into it, never producers. Marking it `kCommReduce` would let the

@@ -118,7 +118,7 @@ def import_to_relax(model, inputs: ModelInputs):
     from .onnx_fold import fold_shapes
 
     try:
-        return _from_onnx(model, inputs)
+        return _with_static_shapes(model, inputs, _from_onnx(model, inputs))
     except _ImportFailed as exc:
         first = exc
     try:
@@ -134,6 +134,54 @@ def import_to_relax(model, inputs: ModelInputs):
         ops = sorted({n.op_type for n in model.graph.node})
         raise TunekitError(f"TVM cannot import this model: {text[:300]} (operators in the model: {', '.join(ops)})")
     raise TunekitError(f"TVM could not import the model: {text[:300]}")
+
+
+def _with_static_shapes(model, inputs: ModelInputs, relax_mod):
+    """`relax_mod`, or the model imported again with its shape computations folded when that leaves fewer
+    tensors of unknown shape. TVM's importer keeps a shape computed in the graph (torch.chunk's Shape ->
+    Gather -> Div -> Slice, a Reshape to a Concat of Gathers) as a run-time value, so what follows has
+    no static shape: `emit_te` then refuses it when the module is prepared, and MetaSchedule cannot
+    measure a task with symbolic shapes. The model's input shapes are fixed, so those are constants."""
+    from .onnx_fold import fold_shapes
+
+    unknown = unknown_shapes(relax_mod)
+    if not unknown:
+        return relax_mod
+    try:
+        folded = _from_onnx(fold_shapes(model, inputs.shapes), inputs)
+    except Exception as exc:  # the model as imported still tunes where its shapes are static
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        log.info("%d tensors of unknown shape (%s, ...); folding the model's shape computations failed: %s",
+                 len(unknown), unknown[0], why)
+        return relax_mod
+    left = unknown_shapes(folded)
+    log.info("%d tensors of unknown shape after import (%s, ...); %d with the model's shape computations folded",
+             len(unknown), unknown[0], len(left))
+    return folded if len(left) < len(unknown) else relax_mod
+
+
+def unknown_shapes(relax_mod) -> list[str]:
+    """The Relax variables of `relax_mod` whose shape is not a constant (unknown or symbolic)."""
+    from tvm import relax
+    from tvm.relax.analysis import all_vars
+
+    found = []
+    for func in relax_mod.functions.values():
+        if isinstance(func, relax.Function):
+            found += [v.name for v in all_vars(func) if not _static_type(v.ty)]
+    return found
+
+
+def _static_type(ty) -> bool:
+    from tvm import relax, tirx
+
+    if isinstance(ty, relax.TensorType):
+        return isinstance(ty.shape, relax.ShapeExpr) and all(isinstance(d, tirx.IntImm) for d in ty.shape.values)
+    if isinstance(ty, relax.ShapeType):
+        return ty.values is not None and all(isinstance(d, tirx.IntImm) for d in ty.values)
+    if isinstance(ty, relax.TupleType):
+        return all(_static_type(field) for field in ty.fields)
+    return True
 
 
 class _ImportFailed(Exception):

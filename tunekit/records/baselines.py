@@ -2,8 +2,7 @@
 
 A record is only worth applying if it beats what the model runs without it (the naive loops on
 CPU, DLight's default schedule on GPU). With a small budget the best record of a task can be
-slower than that (seen on the H100: a matmul's best of 16 trials took 12.2 us, DLight's 5.1 us),
-and MetaSchedule applies the best record whatever it is. The compiler reads this file and
+slower than that, and MetaSchedule applies the best record whatever it is. The compiler reads this file and
 leaves such workloads to the default schedule.
 """
 from __future__ import annotations

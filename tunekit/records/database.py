@@ -117,9 +117,9 @@ def open_database(path: str, *, create: bool = True, read_only: bool = False):
 def open_best_records(path: str, *, create: bool = True):
     """A MemoryDatabase of each workload's best valid record in the share's database dir at `path` (the
     record JSONDatabase.get_top_k(workload, 1) returns; on equal means the first in the file), for
-    compiling a model. Opening the whole JSONDatabase parses every trial's trace: 15 s for ResNet-18's
-    1,024 fp16 records (37 MB) on the H100 machine, of a 49.5 s finish (benchmarks/results/open-records).
-    Here only the lines are read, and one trace per workload is parsed."""
+    compiling a model. Opening the whole JSONDatabase parses every trial's trace, a large part of a run's
+    finish (benchmarks/RESULTS.md, "open records"). Here only the lines are read, and one trace per
+    workload is parsed."""
     if not create and not os.path.isfile(os.path.join(path, RECORDS)):
         raise TunekitError(f"no tuning records in {path} (expected {RECORDS})")
     workloads = read_workloads(path)

@@ -1,7 +1,7 @@
 """How a GPU schedule launches: blocks, threads per block, and waves of blocks on a share's SMs.
 
-Issue 15 asks whether the best schedule at a small share launches differently from the best at
-100%: at 40% of an H100 (52 SMs) a kernel of 132 blocks runs in 3 waves, not 1. The shape is
+The best schedule at a small share may launch differently from the best at 100%: at 40% of a
+132-SM GPU (52 SMs) a kernel of 132 blocks runs in 3 waves, not 1. The shape is
 read off the scheduled TIR's `T.thread_binding` loops (TVM 0.27 has no Python statement visitor):
 per thread tag the largest extent, then blocks = the product over blockIdx.*, threads = the
 product over threadIdx.*. A schedule with several kernels reports its largest.

@@ -51,10 +51,9 @@ def model_robust_choice(tasks: dict[str, dict[str, dict[str, float]]], weights: 
     there, and its regret there as that sum over the sum of each task's best at that share.
 
     Why not per task: a task's own worst regret says nothing about which share the rest of the model
-    loses at. Over MobileNetV2's 1,024 fp32 candidates (H100, 20/40/100%), each task's own minimax
-    choice sums to a worst regret of 1.113; letting small tasks lose where the big ones win gives 1.081.
-    Minimizing a max of sums is a small integer program: enumerated when small, otherwise solved by its
-    Lagrangian (_lagrangian).
+    loses at; letting small tasks lose where the big ones win gives a smaller worst regret for the
+    whole model (benchmarks/RESULTS.md, "share-robust choice"). Minimizing a max of sums is a small
+    integer program: enumerated when small, otherwise solved by its Lagrangian (_lagrangian).
     """
     import numpy as np
 
@@ -137,8 +136,7 @@ def _lagrangian(scaled: list, n_shares: int, grid: int) -> tuple:
 def _dual_bound(scaled: list, n_shares: int, grid: int = 100) -> float:
     """A lower bound on any choice's worst regret: for share weights lambda summing to 1, the worst
     regret is at least the lambda-weighted one, whose minimum splits into each task's own minimum. It
-    tells a user when the target cannot be met from these candidates, whatever the rule (MobileNetV2
-    in fp32 on the H100: 1.079 over 20/40/100%)."""
+    tells a user when the target cannot be met from these candidates, whatever the rule."""
     import numpy as np
 
     lam = np.array(list(_simplex(n_shares, grid if n_shares <= 3 else 20)))

@@ -1,8 +1,7 @@
 """The database a tuning run appends to, opened without parsing every trial already in it.
 
-TVM's JSONDatabase parses every record's trace when it opens: 154 s for the 6,411 fp16 ResNet-18 records of
-one share on the 2-core machine (benchmarks/results/resume-open-cpu2), and a resumed two-share run on the
-H200 spent ~140 s of its `tune_s` beyond tuning. A run needs much less of them:
+TVM's JSONDatabase parses every record's trace when it opens, minutes for a resumed share's records
+(benchmarks/RESULTS.md, "resume open"). A run needs much less of them:
 - the search seeds each workload's population with its best measured records (EvolutionarySearch's
   PickBestFromDatabase: population x init_measured_ratio of them, through get_top_k);
 - the loop needs every record's trace key, so that nothing is measured twice (records.trace_keys keeps

@@ -33,8 +33,7 @@ class LocalExecutor:
 
     def measures_every_share(self, jobs: list[ShareJob]) -> bool:
         """Several shares, one search: each candidate built once and measured at every share."""
-        return len(jobs) > 1 and not self.config.search_per_share and getattr(self.engine, "measures_every_share",
-                                                                              False)
+        return len(jobs) > 1 and getattr(self.engine, "measures_every_share", False)
 
     def groups(self, jobs: list[ShareJob]) -> list[list[ShareJob]]:
         if self.config.robust and not self.measures_every_share(jobs):
@@ -60,8 +59,8 @@ class LocalExecutor:
 
     def warm_up(self, group: list[ShareJob], sessions: dict):
         """Start the group's fleets (and the tunekit engine's build workers, runner and cost models)
-        on a thread while the pipeline compiles and times the untuned model; `tune` takes them over.
-        On the H100 machine these were ~35 s of a ResNet-18 run's `tune_s` beyond its tuning wall."""
+        on a thread while the pipeline compiles and times the untuned model; `tune` takes them over,
+        so their start is not added to `tune_s`."""
         return self._warm_ups.hold(lambda stack, steps: self._start(group, sessions, stack, steps))
 
     def _start(self, group: list[ShareJob], sessions: dict, stack: contextlib.ExitStack, steps: dict):
@@ -71,10 +70,8 @@ class LocalExecutor:
 
         A CPU share's warm-up waits for the build workers: they import TVM on the cores the untuned
         model is timed on. A GPU share's does not, and the first searches of tuning overlap their
-        start (as they did inside `tune` before the warm-up existed). Waiting for them on the H100
-        made the warm-up 53.5 s, and tuning waited 40 s for it, while the tuning wall of the code
-        before, which overlapped them, was 20 s longer (ResNet-18, 32 trials; see
-        benchmarks/results/startup-latency-process-warm-up)."""
+        start (as they did inside `tune` before the warm-up existed): waiting for them made tuning wait
+        longer than the overlap saved (benchmarks/RESULTS.md, "process warm-up")."""
         clock = time.perf_counter()
         fleets = self._start_fleets(group, sessions, stack, steps)
         steps["fleets_s"], clock = time.perf_counter() - clock, time.perf_counter()
@@ -138,9 +135,8 @@ class LocalExecutor:
 
     def _start_fleets(self, group: list[ShareJob], sessions: dict, stack: contextlib.ExitStack, steps: dict) -> dict:
         """{label: (fleet, Measurement)}, the group's fleets started at once: each waits on processes that
-        import TVM, so one after another they added up (2-core machine, cpu 50,100: 3.9 s, at once 3.1 s).
-        On the H100 it buys nothing yet: two MPS shares' fleets started at once took 23 s, about what one
-        after another took (three in 34 s in a BERT study), as if their CUDA start were serialized.
+        import TVM, so one after another they add up. On a GPU it buys nothing yet: MPS shares' fleets
+        started at once take about as long as one after another, as if their CUDA start were serialized.
         `steps["fleet_starts"]`: each one's start and end, in seconds from the first. A fleet that fails to
         start is raised after the others started, and all of them stop with `stack`."""
         import concurrent.futures

@@ -128,8 +128,7 @@ class Pipeline:
         tuned together (one search measures each candidate at every share), so when `auto` falls back
         to fp32 at one share, the others follow with the same fp32 module, also those measured before
         it: a share left in fp16 would tune tasks the search never proposes, and its fp16 model could
-        be refused after tuning (MobileNetV2 at 40,100% on the H200: 100% fell back, 40% stayed fp16,
-        and its tuned model was refused after 600 s of tuning)."""
+        be refused after all its tuning."""
         untuned: dict[str, Measured] = {}
         fallen: ShareJob | None = None
         for job in group:
@@ -270,7 +269,8 @@ class Pipeline:
         and whichever of it and the shares' own artifacts has the smallest worst regret as a whole
         model. The robust artifact then carries every share's schedules as variants, with the static
         choice as `main`, and runs the variant that is fastest where it is loaded (deploy.variants):
-        on the H100 no static choice came within 5% at both 20% and 100% for MobileNetV2 or ResNet-50."""
+        a static choice alone may not come close to the best at every share (benchmarks/RESULTS.md,
+        "share-robust choice")."""
         from ..records.baselines import read_baselines
         from .robust import PER_TASK, pick_robust_artifact, regret_matrix, robust_records
 
@@ -289,8 +289,8 @@ class Pipeline:
                           for job in group}
                    for name, artifact in artifacts.items()}
         # The per-task choice minimizes a sum of kernels, each timed alone; the whole model need not follow
-        # that sum (ResNet-18 on the H100: 1.049 end to end, where the artifact tuned at 20% was within
-        # 0.1% of the best at every share). So the static choice is the one best measured whole.
+        # that sum (benchmarks/RESULTS.md, "share-robust choice"). So the static choice is the one best
+        # measured whole.
         static = pick_robust_artifact(latency, [job.label for job in group])
         path = os.path.join(self.out, f"{loaded.name}-robust.so")
         variants = self._compile_variants(group, loaded, path, static=static, per_task_records=chosen)
@@ -364,7 +364,10 @@ class Pipeline:
         artifact = os.path.join(self.out, f"{loaded.name}-{job.label}.so")
         records = self._records_to_apply(job, outcome)
         tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+        from ..frontend.precision import fp32_kept, skipped_steps
+
         extra = {"precision": job.precision, "precision_fallback": self.precision_fallbacks.get(job.label),
+                 "fp32_kept": fp32_kept(job.prepared), "skipped_steps": skipped_steps(job.prepared),
                  "cuda_graph": uses_cuda_graphs(job.target),
                  "numerics": {"bound": self._bound(job).to_dict(), "untuned": untuned.numerics,
                               "tuned": tuned.numerics},

@@ -20,8 +20,7 @@ PER_TASK = "robust-per-task"  # the matrix's name for the model compiled from th
 def _latencies(db_dirs: dict) -> tuple[dict, dict]:
     """{workload key: {trace key: {share: us}}} over every share's records, and where each (workload key, trace
     key) was read: (its file's workload lines, workload index, record). Read from the lines (records.jsonl):
-    opening each share's JSONDatabase parsed every trial's trace, 15 s per 1,024 fp16 records on the H100 machine
-    (benchmarks/results/open-records). A candidate measured at every share has the same trace in each file."""
+    opening each share's JSONDatabase parses every trial's trace (benchmarks/RESULTS.md, "open records"). A candidate measured at every share has the same trace in each file."""
     from ..records.baselines import key_of_hash
     from ..records.database import mean_run_us
     from ..records.jsonl import read_records, read_workloads

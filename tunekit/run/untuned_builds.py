@@ -16,7 +16,7 @@ class UntunedBuilds:
         untuned build of that key, copied from its first build when there is one. `write()` writes
         `path`. A file that is written over stops standing for the build it held: the fp32 fallback
         was compiled to the path where the fp16 build was kept, and the next share then timed and
-        checked the fp32 build as its fp16 model (MobileNetV2 at 40,100% on the H200)."""
+        checked the fp32 build as its fp16 model."""
         if key is not None and key in self._paths:
             shutil.copyfile(self._paths[key], path + ".tmp")
             os.replace(path + ".tmp", path)

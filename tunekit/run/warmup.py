@@ -16,7 +16,7 @@ class Warmup:
     `settle(job)`: called by the pipeline before it times a model at `job`'s share. A CPU share
     waits for the start to end (its servers and build workers import TVM on the share's cores,
     which would slow the timing); a GPU share does not (the untuned model runs as one CUDA graph
-    whose time is the GPU's, and 16 build workers starting cost ~35 s on the H100 machine)."""
+    whose time is the GPU's, and waiting for the build workers to start would cost tens of seconds)."""
 
     def __init__(self, start, *, before_tuning: bool = True):
         self._stack = contextlib.ExitStack()

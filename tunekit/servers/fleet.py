@@ -202,7 +202,7 @@ class RunnerFleet:
         while time.time() < deadline:
             if self._tracker.poll() is not None:
                 raise RunFailed("the RPC tracker exited at start-up")
-            if self.free_servers() >= self.config.servers:
+            if self.registered_servers() >= self.config.servers:
                 return
             time.sleep(0.3)
         raise RunFailed(f"runner servers did not register with the tracker within {self.config.start_timeout_s:.0f} s")
@@ -215,7 +215,7 @@ class RunnerFleet:
         except Exception:
             return {}
 
-    def free_servers(self) -> int:
+    def registered_servers(self) -> int:
         """Servers registered with the tracker (held by a client or not)."""
         summary = self._summary()
         return sum(1 for info in summary.get("server_info", []) if info.get("key") == f"server:{self.key}")

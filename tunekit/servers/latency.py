@@ -2,9 +2,9 @@
 
 `LatencyProcess` is that process, kept while a share's session is open (run.session.ShareSession):
 started with the session, so its TVM import (and on a GPU its CUDA context under MPS) overlaps the
-untuned model's compile, and reused for every artifact timed at the share. Each new process cost a
-`tunekit tune` about 2 s on the 2-core CPU machine, and more on the H100 machine, where a run
-timed up to 4 artifacts per share (untuned, tuned, tuned without CUDA graphs, the robust step's).
+untuned model's compile, and reused for every artifact timed at the share: a run times up to 4
+artifacts per share (untuned, tuned, tuned without CUDA graphs, the robust step's), and each new
+process costs seconds.
 """
 from __future__ import annotations
 

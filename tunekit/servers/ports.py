@@ -4,7 +4,7 @@ import threading
 
 # A port is free when picked and taken later by a child process (the tracker, a server). Fleets that
 # start at once (several shares) pick ports while each other's children are still starting, and the
-# kernel may hand a just-released port out again: so this process never hands out a port twice.
+# kernel may hand a just-freed port out again: so this process never hands out a port twice.
 _handed_out: set[int] = set()
 _lock = threading.Lock()
 

@@ -163,7 +163,7 @@ def _ledger():
         yield state
         write_json_atomic(path, state)
     finally:
-        os.close(fd)  # releases the lock
+        os.close(fd)  # frees the lock
 
 
 def holders(device: str) -> list[dict]:

@@ -37,16 +37,11 @@ def measurement_cores(allowed: list[int]) -> list[int] | None:
     the last of `allowed`, or None (unpinned) on a machine of fewer than MEASUREMENT_CORE_FROM cores.
 
     Why: a kernel of a few µs is timed by launching it back to back, so the timing includes any
-    time the server's launching thread waits for a core. In a build-once study on the H100 machine
-    (16 build workers and the search on all 16 cores), 1-3% of the candidates were recorded slower
-    at a share with more SMs than at one with fewer, by 1.3-5x; re-measured on a quiet machine,
-    none of 24 such contradictions came back (46.3 us recorded, 5.0 us again). Such records mislead
-    the search and the share-robust choice (benchmarks/results/h100-share-study-1000/).
-    Measured since: with the servers on a core of their own, a fresh MobileNetV2 study had as many
-    (5.5% of candidates over 1.2x, against 4.6% before; benchmarks/results/h100-mobilenet_v2-study-
-    pinned/), so busy cores are not their cause, or not the only one. The pinning stays: it keeps the
-    timing thread off cores the builds saturate, and that run tuned at 0.361 s per candidate for 3 shares
-    (its cost in trials/s has not been measured side by side)."""
+    time the server's launching thread waits for a core. With builds on every core, a few candidates
+    were recorded slower at a larger share than at a smaller one, and such records mislead the search
+    and the share-robust choice. Pinning did not remove them, so busy cores are not their only cause
+    (benchmarks/RESULTS.md, "measurement pinning"); it stays because it keeps the timing thread off
+    cores the builds saturate."""
     allowed = sorted(allowed)
     return [allowed[-1]] if len(allowed) >= MEASUREMENT_CORE_FROM else None
 

@@ -1,0 +1,39 @@
+"""`tunekit check --gpu-arch sm_90` on the zoo's failure families (issue 55), with no GPU.
+
+The models are benchmarks/zoo.py's compact copies (tests/data/zoo: torchvision, timm and transformers exports whose
+weights are each one constant; the graphs are exact). One model per family that failed before:
+- squeeze-excitation convs with no fp16 design space: efficientnet_b0, regnet_y_800mf, mobilenet_v3_small;
+- fp16 conversion refused: swin_t (R.Callable), maxvit_t (emit_te and symbolic shapes), vit_b_16_dynamo;
+- not preparable at all: shufflenet_v2_x1_0 (channel shuffle);
+- untuned build with two kernels of one name, and a deterministic fp32 ScheduleError: mobilevit_s."""
+import json
+import lzma
+import os
+
+import pytest
+
+from tunekit.testing import run_cli
+
+pytestmark = pytest.mark.e2e
+
+ZOO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "zoo")
+FAMILIES = ["efficientnet_b0", "regnet_y_800mf", "mobilenet_v3_small", "swin_t", "maxvit_t", "vit_b_16_dynamo",
+            "shufflenet_v2_x1_0", "mobilevit_s"]
+
+
+def zoo_model(name: str, into) -> str:
+    """The compact model decompressed into `into`."""
+    path = os.path.join(str(into), f"{name}.onnx")
+    with lzma.open(os.path.join(ZOO, f"{name}.onnx.xz")) as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    return path
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_failure_family_will_tune_in_fp16_on_sm_90(name, tmp_path):
+    proc = run_cli("check", zoo_model(name, tmp_path), "--gpu-arch", "sm_90", "--json", timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["precision"] == "fp16", result["problems"]
+    assert proc.returncode == 0 and not result["problems"], result["problems"]
+    assert result["tasks"] and all(task["spaces"] > 0 for task in result["tasks"]), result["tasks"]
