@@ -38,8 +38,14 @@ test-unit: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu tests
 
+ZOO := tunekit-out/zoo
+# stock MetaSchedule vs tunekit; then the zoo's compact copies: `tunekit check` on all, a short CPU tune of the small
 bench: $(STAMP)
 	$(BIN)/python benchmarks/tuning_time.py
+	mkdir -p $(ZOO)/compact && cp tests/data/zoo/*.onnx.xz $(ZOO)/compact/
+	$(BIN)/python benchmarks/zoo.py check --work $(ZOO) --compact --gpu-arch sm_90
+	$(BIN)/python benchmarks/zoo.py cpu-tune --work $(ZOO) --compact
+	$(BIN)/python benchmarks/zoo.py table --work $(ZOO) --out $(ZOO)/zoo.md
 
 clean:
 	rm -rf tunekit-out .pytest_cache $(TORCH_SITE) $(NVRTC_SITE)
