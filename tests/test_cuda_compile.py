@@ -61,21 +61,12 @@ def _cuda_sources(example: str, precision: str, tmp_path) -> str:
     from tunekit.frontend.onnx_loader import import_to_relax, load_onnx, model_inputs
     from tunekit.frontend.precision import prepare
     from tunekit.models.examples import save_example
+    from tunekit.testing.kernels import cuda_source
 
     model = load_onnx(save_example(example, str(tmp_path / f"{example}.onnx")))
     target = tvm.target.Target("nvidia/nvidia-h100")
     prepared, _ = prepare(import_to_relax(model, model_inputs(model, {})), target, precision=precision)
-    with target:
-        executable = tvm.compile(prepared, target=target)
-
-    def modules(mod):
-        yield mod
-        for sub in mod.imports:
-            yield from modules(sub)
-
-    sources = [m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"]
-    assert sources, "no CUDA module in the build"
-    return "\n".join(sources)
+    return cuda_source(prepared, target)
 
 
 # What TVM's preambles take from libcu++, used the way generated code (reductions' -INFINITY

@@ -79,18 +79,9 @@ def _hand_written(mod) -> dict[str, str]:
 
 
 def _cuda_source(mod, target) -> str:
-    """The CUDA source TVM emits for `mod` on this CPU (no CUDA runtime: the module stays source)."""
-    with target:
-        executable = tvm.compile(mod, target=target)
+    from tunekit.testing.kernels import cuda_source
 
-    def modules(m):
-        yield m
-        for sub in m.imports:
-            yield from modules(sub)
-
-    sources = [m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"]
-    assert sources, "no CUDA module in the build"
-    return "\n".join(sources)
+    return cuda_source(mod, target)
 
 
 def _nvrtc_ready() -> str | None:

@@ -73,3 +73,20 @@ def pass_failure_module():
         T.evaluate(T.call_extern("int32", "consume", T.tvm_access_ptr(T.type_annotation("float32"), a.data, 0, 64, 1)))
 
     return tvm.IRModule({"main": mismatched})
+
+
+def cuda_source(mod, target) -> str:
+    """The CUDA source TVM emits for `mod` on `target`; on a machine without CUDA the module stays source."""
+    import tvm
+
+    with target:
+        executable = tvm.compile(mod, target=target)
+
+    def modules(m):
+        yield m
+        for sub in m.imports:
+            yield from modules(sub)
+
+    sources = [m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"]
+    assert sources, "no CUDA module in the build"
+    return "\n".join(sources)
