@@ -297,6 +297,9 @@ def model_file(work: str, name: str, *, compact: bool):
 
 
 def git_commit() -> str:
+    """HEAD, or ZOO_COMMIT where the tree is a copy without .git (a device run's tree)."""
+    if os.environ.get("ZOO_COMMIT"):
+        return os.environ["ZOO_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=30)
         return out.stdout.strip() or "unknown"

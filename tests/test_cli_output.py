@@ -29,6 +29,20 @@ def test_tvm_native_warnings_go_to_the_run_log_and_debug_prints_them(tmp_path):
     assert FAST_TAKE in loud.stderr and not (tmp_path / "d" / "tvm-native.log").exists()
 
 
+@pytest.mark.e2e
+def test_a_failed_runs_error_is_stderrs_last_line_after_the_native_log_notice(tmp_path):
+    """Scripts read a failure from stderr's last line (benchmarks/zoo.py does): the native log's notice goes
+    before the error, never after it."""
+    model = save_example("transformer", str(tmp_path / "transformer.onnx"))
+    (tmp_path / "gate.yaml").write_text("max_output_error: 1.0e-12\n")  # the untuned build is refused
+    proc = run_cli("tune", model, "--cpu-pct", "50", "--trials", "2", "--config", tmp_path / "gate.yaml",
+                   "--out", tmp_path / "o")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert any("TVM's C++ log" in line for line in lines[:-1]), proc.stderr[-2000:]
+    assert lines[-1].startswith("tunekit: error:") and "refused" in lines[-1], proc.stderr[-2000:]
+
+
 def test_the_filter_keeps_tvm_lines_and_their_continuations_and_passes_the_rest(tmp_path):
     """fd 2 of this process and of a child it starts: TVM-shaped lines (and the indented lines that
     continue one) go to the file, every other line reaches stderr, Python's own stderr too."""

@@ -1,5 +1,6 @@
 """No task kills a run: a task whose design space, search or builds keep failing keeps its untuned kernel, the rest
-of the model is tuned, the artifact is written, and the report says why (clients.search_loop, clients.task_faults).
+of the model is tuned, the artifact is written, and the report says why (clients.search_loop, clients.task_faults,
+run.numerics_repair).
 Real model, real engine, in one process, through Ray clients, and with several shares."""
 import json
 import os
@@ -59,11 +60,17 @@ def test_a_task_whose_search_fails_is_dropped_by_a_ray_client_and_the_others_are
     _warned(stderr, 1)
 
 
-def test_with_several_shares_every_share_reports_the_task_that_fell_back(example_model, tmp_path, monkeypatch):
-    result, stderr = _tune(example_model, tmp_path / "shares", monkeypatch, f"design_space:{CONV1}",
-                           "--cpu-pct", "50,100")
+def test_with_several_shares_every_share_reports_the_tasks_that_fell_back(example_model, tmp_path, monkeypatch):
+    """Also a tuned kernel that breaks the outputs: the tuned build is refused by the numerics gate (the untuned one
+    passed), the run finds the records to blame (run.numerics_repair) and ships the rest tuned, at each share."""
+    result, stderr = _tune(example_model, tmp_path / "shares", monkeypatch,
+                           f"design_space:{CONV1},wrong_kernel:{CONV0}", "--cpu-pct", "50,100")
     for label, report in result["report"]["per_share"].items():
         rows = _rows(report)
         assert rows[CONV1]["fallback"].startswith("design space: injected"), (label, rows[CONV1])
         assert rows[CONV1]["trials"] == 0 and rows[CONV0]["trials"] > 0, label
-    _warned(stderr, 1)
+        assert rows[CONV0]["fallback"].startswith("its tuned kernel broke the model's outputs: the tuned model is "
+                                                  "refused"), (label, rows[CONV0])
+        assert rows[CONV0]["record_applied"] is False, label
+        assert report["fallback_tasks"] == 2 and report["numerics"]["tuned"][0]["cosine"] > 0.9999, label
+    _warned(stderr, 2)

@@ -30,9 +30,23 @@ def zoo_model(name: str, into) -> str:
     return path
 
 
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """Every family's `tunekit check`, two at a time (each is one busy process: one core each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    into = tmp_path_factory.mktemp("zoo")
+
+    def check(name):
+        return run_cli("check", zoo_model(name, into), "--gpu-arch", "sm_90", "--json", timeout=900)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(FAMILIES, pool.map(check, FAMILIES)))
+
+
 @pytest.mark.parametrize("name", FAMILIES)
-def test_every_failure_family_will_tune_in_fp16_on_sm_90(name, tmp_path):
-    proc = run_cli("check", zoo_model(name, tmp_path), "--gpu-arch", "sm_90", "--json", timeout=900)
+def test_every_failure_family_will_tune_in_fp16_on_sm_90(name, checks):
+    proc = checks[name]
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     assert result["precision"] == "fp16", result["problems"]

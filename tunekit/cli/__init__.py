@@ -113,27 +113,29 @@ def _quiet_logs(debug: bool) -> None:
         # TVM's C++ LOG(...) has no level switch (TVM 0.27 reads only TVM_LOG_DEBUG): cli.native_log.
 
 
-def _run(argv, debug: bool) -> int:
+def _run(argv, debug: bool, last_words: list[str]) -> int:
+    """Run the command; its one-line error goes into `last_words`, printed after everything else (so it is
+    stderr's last line, after the native log's notice)."""
     try:
         args = build_parser().parse_args(argv)
         return _COMMANDS[args.command][2](args)
     except TunekitError as exc:
         if debug:
             raise
-        print(f"tunekit: error: {exc}", file=sys.stderr)
+        last_words.append(f"tunekit: error: {exc}")
         return EXIT_ERROR if isinstance(exc, RunFailed) else EXIT_USAGE
     except KeyboardInterrupt:
-        print("tunekit: interrupted; servers stopped, records written so far are kept", file=sys.stderr)
+        last_words.append("tunekit: interrupted; servers stopped, records written so far are kept")
         return EXIT_INTERRUPTED
     except Exception as exc:  # an unexpected failure: still one line unless --debug
         if _INTERRUPTED:
-            print("tunekit: interrupted; servers stopped, records written so far are kept", file=sys.stderr)
+            last_words.append("tunekit: interrupted; servers stopped, records written so far are kept")
             return EXIT_INTERRUPTED
         if debug:
             raise
         text = str(exc).strip()
-        print(f"tunekit: internal error: {type(exc).__name__}: {text.splitlines()[-1][:300] if text else ''} "
-              "(re-run with --debug for the traceback)", file=sys.stderr)
+        last_words.append(f"tunekit: internal error: {type(exc).__name__}: "
+                          f"{text.splitlines()[-1][:300] if text else ''} (re-run with --debug for the traceback)")
         return EXIT_ERROR
 
 
@@ -151,9 +153,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    last_words: list[str] = []
     try:
-        return _run(argv, debug)
+        return _run(argv, debug, last_words)
     finally:
         if real_command:
             _stop_leftover_children()
             native_log.finish()
+        for line in last_words:
+            print(line, file=sys.stderr)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from . import task_faults
 from .build_config import NO_STORAGE_REWRITE
 
 
@@ -37,6 +38,21 @@ def useful_records(database, baselines: dict[str, float] | None):
             kept.commit_tuning_record(ms.database.TuningRecord(
                 best.trace, kept.commit_workload(workload.mod), best.run_secs, best.target, best.args_info))
     return kept, decisions
+
+
+def records_for(database, keys: list[str]):
+    """A database of `database`'s records of the workloads in `keys` (records.baselines.workload_key)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..records.baselines import workload_key
+
+    wanted, kept = set(keys), ms.database.MemoryDatabase()
+    for record in database.get_all_tuning_records():
+        if workload_key(record.workload.mod) in wanted:
+            kept.commit_tuning_record(ms.database.TuningRecord(
+                record.trace, kept.commit_workload(record.workload.mod), record.run_secs, record.target,
+                record.args_info))
+    return kept
 
 
 def records_worth_applying(db_dir: str, *, create: bool = True):
@@ -75,6 +91,8 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
         database, _ = useful_records(database, baselines)
     mod = prepared_mod if database is None else apply_records(prepared_mod=prepared_mod, target=target,
                                                               database=database)
+    if database is not None:
+        mod = task_faults.wrong_kernels(mod)  # tests only (TUNEKIT_INJECT_TASK_FAULT=wrong_kernel:...)
     return _build_and_export(mod, target=target, path=path, tuned=database is not None, cuda_graph=cuda_graph)
 
 

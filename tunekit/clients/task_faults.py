@@ -3,13 +3,14 @@ model is tuned (the real model, the real engine; nothing else changes).
 
 TUNEKIT_INJECT_TASK_FAULT="<stage>:<part of a task name>[,...]" makes that stage fail for every task whose name
 contains the part. Stages: design_space (making its design space raises), search (its search raises), build
-(every candidate of it fails to build)."""
+(every candidate of it fails to build), wrong_kernel (its tuned kernel, once applied to the model, fills its output
+with ones: a record that builds and runs but computes the wrong thing)."""
 from __future__ import annotations
 
 import os
 
 ENV = "TUNEKIT_INJECT_TASK_FAULT"
-STAGES = ("design_space", "search", "build")
+STAGES = ("design_space", "search", "build", "wrong_kernel")
 
 
 class InjectedFault(RuntimeError):
@@ -18,11 +19,42 @@ class InjectedFault(RuntimeError):
 
 def injected(stage: str, task_name: str) -> str | None:
     """The injected error of `stage` for `task_name`, or None (the usual case: the variable is unset)."""
-    for item in os.environ.get(ENV, "").split(","):
-        wanted, _, part = item.strip().partition(":")
-        if wanted == stage and part and part in task_name:
+    for wanted, part in _items():
+        if wanted == stage and part in task_name:
             return f"injected {stage} failure ({ENV})"
     return None
+
+
+def wrong_kernels(mod):
+    """`mod` (records applied) with each tuned function of a wrong_kernel task replaced by one of the same
+    signature that fills its output with ones; untuned functions are left alone."""
+    parts = [part for stage, part in _items() if stage == "wrong_kernel"]
+    if not parts:
+        return mod
+    from tvm import tirx
+
+    for gvar, func in list(mod.functions_items()):
+        if (isinstance(func, tirx.PrimFunc) and any(part in gvar.name_hint for part in parts)
+                and int((func.attrs or {}).get("tirx.is_scheduled", 0)) == 1):
+            mod[gvar] = _ones(func).with_attr("global_symbol", gvar.name_hint)
+    return mod
+
+
+def _ones(func):
+    from tvm import te, tirx
+
+    buffers = list(func.params)  # TVM 0.27: a PrimFunc's params are its buffers (shape, dtype)
+    inputs = [te.placeholder(buf.shape, buf.dtype, f"in{i}") for i, buf in enumerate(buffers[:-1])]
+    out = buffers[-1]
+    ones = te.compute(out.shape, lambda *_: tirx.const(1, out.dtype), name="ones")
+    return te.create_prim_func([*inputs, ones])
+
+
+def _items():
+    for item in os.environ.get(ENV, "").split(","):
+        stage, _, part = item.strip().partition(":")
+        if stage and part:
+            yield stage, part
 
 
 def raise_if_injected(stage: str, task_name: str) -> None:

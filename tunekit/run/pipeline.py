@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import TuneConfig
+from ..errors import RunFailed
 from ..results import TuneResult
 from ..shares.share import Share
 from .. import numerics
@@ -27,6 +28,10 @@ from .session import LoadedModel, ShareSession, check_out_dir, device_name, load
 from .untuned_builds import UntunedBuilds
 
 log = logging.getLogger("tunekit")
+
+
+class TunedBuildFailed(RunFailed):
+    """A build with tuned records failed to compile (a record that does not build)."""
 
 
 @dataclass
@@ -183,10 +188,17 @@ class Pipeline:
         from ..clients.compiler import compile_and_export
 
         key = (id(job.prepared), str(job.target.export()), cuda_graph)
-        self._untuned_builds.build(path, lambda: compile_and_export(prepared_mod=job.prepared, target=job.target,
-                                                                    database=database, path=path,
-                                                                    cuda_graph=cuda_graph),
-                                   key=key if database is None else None)
+        try:
+            self._untuned_builds.build(path, lambda: compile_and_export(prepared_mod=job.prepared, target=job.target,
+                                                                        database=database, path=path,
+                                                                        cuda_graph=cuda_graph),
+                                       key=key if database is None else None)
+        except Exception as exc:  # a record that does not build: numerics_repair leaves its task untuned
+            if database is None:
+                raise
+            text = str(exc).strip()
+            raise TunedBuildFailed(f"the tuned build failed: {type(exc).__name__}: "
+                                   f"{text.splitlines()[-1][:300] if text else ''}") from exc
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
         return numerics.bound_for(job.precision, **self._bound_overrides())
@@ -347,13 +359,40 @@ class Pipeline:
         from ..clients.compiler import records_worth_applying
         from ..records.baselines import write_baselines
 
-        write_baselines(job.db_dir, {t["workload_hash"]: t.get("untuned_us") for t in outcome.tasks
-                                     if t.get("workload_hash")})
+        from ..clients.task_faults import injected
+
+        # an injected wrong kernel is applied even where it is not faster, so that tests always reach it
+        write_baselines(job.db_dir, {t["workload_hash"]: None if injected("wrong_kernel", t["name"]) else
+                                     t.get("untuned_us") for t in outcome.tasks if t.get("workload_hash")})
         records, applied = records_worth_applying(job.db_dir)
         for row in outcome.tasks:
             if row.get("workload_hash") in applied:
                 row["record_applied"] = applied[row["workload_hash"]]
         return records
+
+    def _without_broken_records(self, job: ShareJob, session: ShareSession, outcome, records, refused):
+        """The tuned build was refused while the untuned one passed: the records that break it are left out
+        (numerics_repair), their tasks keep the untuned kernel and the report says why."""
+        from ..clients.compiler import records_for
+        from .numerics_repair import broken_workloads, mark_fallbacks
+
+        applied = [row["workload_hash"] for row in outcome.tasks if row.get("record_applied")]
+        if not applied:
+            raise refused
+        log.warning("%s; looking for the tuned kernels that break it among %d tasks", refused, len(applied))
+        probe = os.path.join(job.work_dir, "numerics-probe.so")
+
+        def passes(keys: list[str]) -> bool:
+            try:
+                self._measure(job, session, path=probe, database=records_for(records, keys), what="a probe build")
+                return True
+            except (numerics.NumericsRefused, TunedBuildFailed):
+                return False
+
+        broken = broken_workloads(applied, passes)
+        mark_fallbacks(outcome.tasks, broken, str(refused).splitlines()[0][:300])
+        log.warning("%d task(s) keep their untuned kernel: their tuned kernels broke the model", len(broken))
+        return records_for(records, [key for key in applied if key not in broken])
 
     def _finish(self, job: ShareJob, loaded: LoadedModel, outcome, session: ShareSession,
                 untuned: Measured) -> TuneResult:
@@ -363,7 +402,11 @@ class Pipeline:
         finish_started = time.perf_counter()
         artifact = os.path.join(self.out, f"{loaded.name}-{job.label}.so")
         records = self._records_to_apply(job, outcome)
-        tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+        try:
+            tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+        except (numerics.NumericsRefused, TunedBuildFailed) as refused:
+            records = self._without_broken_records(job, session, outcome, records, refused)
+            tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
         from ..frontend.precision import fp32_kept, skipped_steps
 
         extra = {"precision": job.precision, "precision_fallback": self.precision_fallbacks.get(job.label),

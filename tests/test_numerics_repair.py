@@ -1,0 +1,30 @@
+"""run.numerics_repair: which applied records break a tuned build (group testing over builds)."""
+from tunekit.run.numerics_repair import broken_workloads
+
+
+def _builds(bad: set, *, together: set = frozenset()):
+    """passes(keys) as a build would answer, counting the builds."""
+    calls = []
+
+    def passes(keys):
+        calls.append(list(keys))
+        return not (bad & set(keys)) and not (together and together <= set(keys))
+
+    return passes, calls
+
+
+def test_two_broken_records_among_sixteen_are_found_in_few_builds():
+    keys = [f"w{i}" for i in range(16)]
+    passes, calls = _builds({"w3", "w12"})
+    assert sorted(broken_workloads(keys, passes)) == ["w12", "w3"]
+    assert len(calls) <= 2 * 2 * 4  # about 2 c log2(n)
+
+
+def test_records_that_break_the_model_only_together_are_all_left_out():
+    passes, _ = _builds(set(), together={"a", "b"})
+    assert sorted(broken_workloads(["a", "b", "c", "d"], passes)) == ["a", "b"]  # neither fails alone
+
+
+def test_one_record_is_its_own_answer():
+    passes, calls = _builds({"x"})
+    assert broken_workloads(["x"], passes) == ["x"] and calls == []
