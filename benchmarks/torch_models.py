@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -262,11 +263,10 @@ def _errors(outputs: list, reference: list) -> list[dict]:
             for a, b in zip(outputs, reference)]
 
 
-def _cpu_reference(name: str) -> list:
+def _cpu_reference(model, inputs) -> list:
     """The model's outputs in fp32 on the CPU (no TF32), the reference for every variant's error."""
     import torch
 
-    model, inputs, _ = build(name)
     with torch.inference_mode():
         return _flat(model(*inputs))
 
@@ -280,13 +280,15 @@ def time_variants(name: str, variants: list[str], repeats: int, *, channels_last
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = channels_last
     sm = torch.cuda.get_device_properties(0).multi_processor_count
+    built, built_inputs, _ = build(name)  # once: each variant gets a copy (BatchNorm calibration is CPU work)
     try:
-        reference = _cpu_reference(name)
+        reference = _cpu_reference(copy.deepcopy(built), built_inputs)
     except Exception as exc:  # the timings still count without it
         print(f"no CPU reference for {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         reference = None
     for variant in variants:
-        model, inputs = _on_gpu(*build(name)[:2], channels_last=channels_last)
+        model, inputs = _on_gpu(copy.deepcopy(built), tuple(x.clone() for x in built_inputs),
+                                channels_last=channels_last)
         try:
             with torch.inference_mode():
                 run, outputs = _callable(variant, model, inputs)

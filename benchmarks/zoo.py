@@ -32,6 +32,7 @@ On the device (torch, torchvision, timm, transformers, onnxruntime; tunekit inst
   python3 benchmarks/zoo.py export --work /tmp/zoo --compact --dynamo-vit
   tar -cf $OUT/zoo-compact.tar -C /tmp/zoo compact zoo.jsonl     # the compact zoo, a few MB
   python3 benchmarks/zoo.py gpu --work /tmp/zoo --gpu-pct 40 --time-budget 120 --call-s 540  # again until done
+  (on a machine of several GPUs, --gpus 0,1 runs one sweep per GPU side by side, each with its own MPS daemon)
   python3 benchmarks/zoo.py table --work /tmp/zoo --out $OUT/zoo.md
 
 On a CPU machine (no torch), with the compact zoo:
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import lzma
 import os
@@ -415,9 +417,11 @@ class Context:
 
     def __init__(self, args):
         self.args = args
-        self.journal = Journal(os.path.join(args.work, "zoo.jsonl"), redo=getattr(args, "redo", False),
+        main = os.path.join(args.work, "zoo.jsonl")
+        stream = getattr(args, "journal", None)  # one GPU's sweep of --gpus: its own file, zoo.jsonl read too
+        self.journal = Journal(stream or main, redo=getattr(args, "redo", False),
                                retry_failed=getattr(args, "retry_failed", False),
-                               more=getattr(args, "rows", None) or [])
+                               more=[*(getattr(args, "rows", None) or []), *([main] if stream else [])])
         self.started = time.time()
         self.mps = None
 
@@ -606,6 +610,9 @@ def step_gpu(ctx: Context) -> None:
     """Per model: tune at the share, bench the artifact there, then PyTorch's variants at the share and at
     100%. Each part is a row of its own; a model is done when all four are there."""
     args = ctx.args
+    merge_streams(args.work)
+    if len(args.gpus) > 1:
+        return gpu_streams(ctx)
     for model in selected(args.models, dynamo_vit=True):
         if not os.path.isfile(onnx_path(args.work, model.name)):
             progress("gpu", model.name, 0, "skipped: not exported")
@@ -613,6 +620,47 @@ def step_gpu(ctx: Context) -> None:
         for step, part in (("gpu-tune", gpu_tune), ("gpu-bench", gpu_bench), ("torch", torch_times)):
             if guarded(ctx, step, model, part) == "stop":
                 return
+
+
+def gpu_streams(ctx: Context) -> None:
+    """--gpus 0,1: one sweep per GPU side by side, the models dealt out in zoo order. Each is this command for its
+    models, with CUDA_VISIBLE_DEVICES set to its GPU (so its own MPS daemon serves that GPU alone) and its own
+    journal, <work>/zoo-gpu<N>.jsonl, merged into zoo.jsonl when the sweeps end (or by the next command)."""
+    args = ctx.args
+    names = [m.name for m in selected(args.models, dynamo_vit=True) if os.path.isfile(onnx_path(args.work, m.name))]
+    base = _without_options(args.argv, ("--gpus", "--models"))
+    streams = []
+    for i, gpu in enumerate(args.gpus):
+        if names[i::len(args.gpus)]:
+            cmd = [sys.executable, os.path.abspath(__file__), *base, "--models", ",".join(names[i::len(args.gpus)]),
+                   "--gpus", gpu, "--journal", os.path.join(args.work, f"zoo-gpu{gpu}.jsonl")]
+            streams.append(subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}))
+    for stream in streams:
+        stream.wait()
+    merge_streams(args.work)
+
+
+def _without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """`argv` without the options `names` and their values (as `--name value` or `--name=value`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in names:
+            skip = True
+        elif not arg.startswith(tuple(f"{name}=" for name in names)):
+            out.append(arg)
+    return out
+
+
+def merge_streams(work: str) -> None:
+    """The rows of every GPU sweep's journal (gpu_streams) appended to zoo.jsonl, and those journals removed."""
+
+    for path in sorted(glob.glob(os.path.join(work, "zoo-gpu*.jsonl"))):
+        rows = _read_jsonl(path)
+        with open(os.path.join(work, "zoo.jsonl"), "a") as fh:
+            fh.writelines(json.dumps(row, default=str) + "\n" for row in rows)
+        os.remove(path)
 
 
 def gpu_tune(ctx: Context, step: str, model: Model) -> str | None:
@@ -992,6 +1040,9 @@ def parser() -> argparse.ArgumentParser:
                      "timed (max-autotune's autotuning took 3 min per model and dtype for ResNet-18 on an H200)")
     gpu.add_argument("--torch-timeout", type=float, default=900, help="limit of one model's PyTorch variants")
     gpu.add_argument("--repeats", type=int, default=200)
+    gpu.add_argument("--gpus", default="0", help="comma-separated GPU indices: one sweep per GPU side by side, "
+                     "each with its own MPS daemon (gpu_streams)")
+    gpu.add_argument("--journal", help=argparse.SUPPRESS)  # one GPU's sweep writes its own (gpu_streams)
     sub.choices["table"].add_argument("--out", required=True)
     sub.choices["table"].add_argument("--gpu-pct", type=int, default=40)
     sub.choices["table"].add_argument("--rows", action="append", help="another zoo.jsonl to merge in (repeatable; "
@@ -1006,6 +1057,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "torch_variants", None):
         args.torch_variants = [v for v in args.torch_variants.split(",") if v]
         args.compile_pcts = [int(p) for p in args.compile_pcts.split(",") if p]
+    if getattr(args, "gpus", None):
+        args.gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     sys.path.insert(0, REPO)  # tunekit from this checkout (numerics, shares), as the subprocesses get it
     ctx = Context(args)
     try:

@@ -342,3 +342,32 @@ def test_compile_variants_run_only_at_the_compile_pcts(zoo, tmp_path, monkeypatc
     torch_calls = [c for c in calls if "torch_models.py" in c[1]]
     assert [c[c.index("--variants") + 1] for c in torch_calls] == ["graphs-fp16,maxautotune-fp16", "graphs-fp16"]
     assert all("--channels-last" not in c for c in torch_calls)  # a text model
+
+
+def test_without_options_drops_each_named_option_and_its_value(zoo):
+    argv = ["gpu", "--work", "w", "--gpus", "0,1", "--models=a,b", "--gpu-pct", "40"]
+    assert zoo._without_options(argv, ("--gpus", "--models")) == ["gpu", "--work", "w", "--gpu-pct", "40"]
+
+
+@pytest.mark.e2e
+def test_gpus_runs_one_sweep_per_gpu_and_merges_their_journals(zoo, tmp_path):
+    """Two sweeps side by side (real processes); on a CPU machine each model's steps record the error of a GPU
+    share, which is enough to show both sweeps ran, each model once, and their journals were merged."""
+    import subprocess
+
+    from tunekit.models.examples import save_example
+    from tunekit.shares.mps import gpu_present
+
+    if gpu_present():
+        pytest.skip("a GPU here would tune for real")
+    work = str(tmp_path)
+    for name in ("resnet18", "squeezenet1_1", "mobilenet_v2"):
+        save_example("tiny_cnn", zoo.onnx_path(work, name))
+    proc = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "zoo.py"), "gpu", "--work", work, "--gpus", "0,1",
+                           "--models", "resnet18,squeezenet1_1,mobilenet_v2", "--torch-variants", "eager-fp32"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = zoo._read_jsonl(os.path.join(work, "zoo.jsonl"))
+    tuned = sorted(r["model"] for r in rows if r["step"] == "gpu-tune")
+    assert tuned == ["mobilenet_v2", "resnet18", "squeezenet1_1"], rows
+    assert not [f for f in os.listdir(work) if f.startswith("zoo-gpu")]
