@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import time
@@ -379,7 +380,9 @@ class Pipeline:
         applied = [row["workload_hash"] for row in outcome.tasks if row.get("record_applied")]
         if not applied:
             raise refused
-        log.warning("%s; looking for the tuned kernels that break it among %d tasks", refused, len(applied))
+        log.warning("%s; looking for the tuned kernels that break it among %d tasks (a build of the model for "
+                    "each half tried: about %d builds per broken kernel)", refused, len(applied),
+                    2 * max(1, math.ceil(math.log2(len(applied)))))
         probe = os.path.join(job.work_dir, "numerics-probe.so")
 
         def passes(keys: list[str]) -> bool:
