@@ -610,7 +610,6 @@ def step_gpu(ctx: Context) -> None:
     """Per model: tune at the share, bench the artifact there, then PyTorch's variants at the share and at
     100%. Each part is a row of its own; a model is done when all four are there."""
     args = ctx.args
-    merge_streams(args.work)
     if len(args.gpus) > 1:
         return gpu_streams(ctx)
     for model in selected(args.models, dynamo_vit=True):
@@ -1060,6 +1059,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "gpus", None):
         args.gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     sys.path.insert(0, REPO)  # tunekit from this checkout (numerics, shares), as the subprocesses get it
+    if args.step == "gpu" and not args.journal:  # what GPU sweeps cut off left (never while a sibling writes)
+        merge_streams(args.work)
     ctx = Context(args)
     try:
         STEPS[args.step](ctx)

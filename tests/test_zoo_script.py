@@ -371,3 +371,12 @@ def test_gpus_runs_one_sweep_per_gpu_and_merges_their_journals(zoo, tmp_path):
     tuned = sorted(r["model"] for r in rows if r["step"] == "gpu-tune")
     assert tuned == ["mobilenet_v2", "resnet18", "squeezenet1_1"], rows
     assert not [f for f in os.listdir(work) if f.startswith("zoo-gpu")]
+
+
+def test_a_gpu_sweeps_journal_left_by_a_cut_off_run_is_merged_by_the_next(zoo, tmp_path):
+    work = str(tmp_path)
+    row = {"time": "2026-11-27T12:00:00", "step": "gpu-tune", "model": "resnet18", "error": "cut off"}
+    (tmp_path / "zoo-gpu1.jsonl").write_text(json.dumps(row) + "\n")
+    zoo.main(["gpu", "--work", work, "--models", "resnet18"])  # not exported: nothing runs
+    assert zoo._read_jsonl(os.path.join(work, "zoo.jsonl")) == [row]
+    assert not (tmp_path / "zoo-gpu1.jsonl").exists()
