@@ -729,7 +729,8 @@ def torch_times(ctx: Context, _step: str, model: Model) -> str | None:
         before = ctx.journal.get(step, model.name)
         have = {} if ctx.journal.redo else {v: r for v, r in ((before or {}).get("variants") or {}).items()
                                             if not (ctx.journal.retry_failed and r.get("error"))}
-        wanted = [v for v in ctx.args.torch_variants if pct in ctx.args.compile_pcts or not v.startswith(COMPILED)]
+        wanted = [v for v in ctx.args.torch_variants if (pct in ctx.args.compile_pcts or not v.startswith(COMPILED))
+                  and (pct == ctx.args.gpu_pct or v.endswith("fp16"))]  # the table reads fp16 alone at 100%
         while [v for v in wanted if v not in have]:
             if not ctx.enough(step, model.name, 120):
                 return "stop"
