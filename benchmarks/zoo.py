@@ -899,11 +899,19 @@ def table(journal: Journal, *, gpu_pct: int = 40, header: list[str] = ()) -> str
     lines += ["", f"Tuned at {gpu_pct}% beats PyTorch's best correct variant at {gpu_pct}% on "
               f"**{sum(r['vs_best'] < 1 for r in beat_best)} of {len(beat_best)}** models, and PyTorch fp16 at "
               f"100% on **{sum(r['vs_fp16'] < 1 for r in beat_fp16)} of {len(beat_fp16)}** (models with both times).",
-              "", "PyTorch: eager, CUDA graphs and torch.compile(mode=\"max-autotune\"), fp32 (TF32) and fp16, "
+              "", f"PyTorch variants timed: {', '.join(timed_variants(journal)) or 'none'} (of eager, CUDA graphs "
+              "and torch.compile(mode=\"max-autotune\"), each in fp32 with TF32 and in fp16), "
               "channels_last + cudnn.benchmark for CNNs; a variant whose outputs fail tunekit's fp16 bound "
               "(tunekit.numerics) against the model in fp32 on the CPU is wrong and never the best. † after a "
               "tuned time: its artifact failed its own bound in `tunekit bench --compare-onnx`."]
     return "\n".join(lines + cpu_table(journal)) + "\n"
+
+
+def timed_variants(journal: Journal) -> list[str]:
+    """The PyTorch variants some model has a time of, in TORCH_VARIANTS order."""
+    seen = {v for (step, _), row in journal.rows.items() if step.startswith("torch-gpu")
+            for v, r in (row.get("variants") or {}).items() if r.get("median_ms") is not None}
+    return [v for v in TORCH_VARIANTS if v in seen]
 
 
 def model_row(model: Model, journal: Journal, *, gpu_pct: int) -> dict:

@@ -28,3 +28,15 @@ def test_records_that_break_the_model_only_together_are_all_left_out():
 def test_one_record_is_its_own_answer():
     passes, calls = _builds({"x"})
     assert broken_workloads(["x"], passes) == ["x"] and calls == []
+
+
+def test_past_its_time_the_sets_not_yet_searched_are_left_out_whole():
+    keys = [f"w{i}" for i in range(16)]
+    passes, calls = _builds({"w3"})
+    clock = iter(range(100, -100, -1))  # seconds left, one fewer at each look
+
+    def time_left():
+        return next(clock) if len(calls) < 3 else 0  # three builds, then the time is up
+
+    broken = broken_workloads(keys, passes, time_left=time_left)
+    assert len(calls) == 3 and "w3" in broken and sorted(set(keys) - set(broken)) == ["w0", "w1"]  # found good

@@ -24,3 +24,12 @@ def error_line(error: str | None) -> str:
     lines = [ln.strip() for ln in str(error or "").splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith(("File ", "Traceback", "^", "!!!"))]
     return (said or lines or ["(no error message)"])[-1][:200]
+
+
+def one_line(text: str) -> str:
+    """A message as one line: itself, or its first line and the line of the rest that says what went wrong."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    last = error_line("\n".join(lines[1:]))
+    return lines[0] if last in lines[0] else f"{lines[0].rstrip(':')}: {last}"

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from ..errors import RunFailed, TunekitError
+from ..errors import RunFailed, TunekitError, one_line
 from . import check, commands, deploy, native_log, tune
 from .common import (EXIT_CODES, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Parser, add_common,
                      reserve_stdout_for_result)
@@ -122,7 +122,7 @@ def _run(argv, debug: bool, last_words: list[str]) -> int:
     except TunekitError as exc:
         if debug:
             raise
-        last_words.append(f"tunekit: error: {exc}")
+        last_words.append(f"tunekit: error: {one_line(str(exc))}")
         return EXIT_ERROR if isinstance(exc, RunFailed) else EXIT_USAGE
     except KeyboardInterrupt:
         last_words.append("tunekit: interrupted; servers stopped, records written so far are kept")

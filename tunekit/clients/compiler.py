@@ -92,7 +92,7 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
     mod = prepared_mod if database is None else apply_records(prepared_mod=prepared_mod, target=target,
                                                               database=database)
     if database is not None:
-        mod = task_faults.wrong_kernels(mod)  # tests only (TUNEKIT_INJECT_TASK_FAULT=wrong_kernel:...)
+        mod = task_faults.faulty_kernels(mod)  # tests only (TUNEKIT_INJECT_TASK_FAULT=wrong_kernel:...)
     return _build_and_export(mod, target=target, path=path, tuned=database is not None, cuda_graph=cuda_graph)
 
 

@@ -4,13 +4,15 @@ model is tuned (the real model, the real engine; nothing else changes).
 TUNEKIT_INJECT_TASK_FAULT="<stage>:<part of a task name>[,...]" makes that stage fail for every task whose name
 contains the part. Stages: design_space (making its design space raises), search (its search raises), build
 (every candidate of it fails to build), wrong_kernel (its tuned kernel, once applied to the model, fills its output
-with ones: a record that builds and runs but computes the wrong thing)."""
+with ones: a record that builds and runs but computes the wrong thing), crash_kernel (its tuned kernel, applied,
+aborts the process that runs the model; CPU targets)."""
 from __future__ import annotations
 
 import os
 
 ENV = "TUNEKIT_INJECT_TASK_FAULT"
-STAGES = ("design_space", "search", "build", "wrong_kernel")
+STAGES = ("design_space", "search", "build", "wrong_kernel", "crash_kernel")
+APPLIED_STAGES = ("wrong_kernel", "crash_kernel")  # faults in a tuned kernel the model is built with
 
 
 class InjectedFault(RuntimeError):
@@ -25,19 +27,36 @@ def injected(stage: str, task_name: str) -> str | None:
     return None
 
 
-def wrong_kernels(mod):
+def applied_fault(task_name: str) -> str | None:
+    """The wrong_kernel or crash_kernel fault injected into `task_name`'s tuned kernel, or None."""
+    return next((stage for stage in APPLIED_STAGES if injected(stage, task_name)), None)
+
+
+def faulty_kernels(mod):
     """`mod` (records applied) with each tuned function of a wrong_kernel task replaced by one of the same
-    signature that fills its output with ones; untuned functions are left alone."""
-    parts = [part for stage, part in _items() if stage == "wrong_kernel"]
-    if not parts:
+    signature that fills its output with ones, and of a crash_kernel task by one that aborts; untuned functions
+    are left alone."""
+    faults = [(stage, part) for stage, part in _items() if stage in APPLIED_STAGES]
+    if not faults:
         return mod
     from tvm import tirx
 
     for gvar, func in list(mod.functions_items()):
-        if (isinstance(func, tirx.PrimFunc) and any(part in gvar.name_hint for part in parts)
-                and int((func.attrs or {}).get("tirx.is_scheduled", 0)) == 1):
-            mod[gvar] = _ones(func).with_attr("global_symbol", gvar.name_hint)
+        stage = next((stage for stage, part in faults if part in gvar.name_hint), None)
+        if stage and isinstance(func, tirx.PrimFunc) and int((func.attrs or {}).get("tirx.is_scheduled", 0)) == 1:
+            mod[gvar] = (_ones if stage == "wrong_kernel" else _abort)(func).with_attr("global_symbol", gvar.name_hint)
     return mod
+
+
+def _abort(func):
+    from tvm import te, tirx
+
+    buffers = list(func.params)
+    inputs = [te.placeholder(buf.shape, buf.dtype, f"in{i}") for i, buf in enumerate(buffers[:-1])]
+    out = buffers[-1]
+    crash = te.extern([out.shape], inputs, lambda ins, outs: tirx.Evaluate(tirx.call_extern("int32", "abort")),
+                      dtype=[out.dtype], name="abort")
+    return te.create_prim_func([*inputs, crash])
 
 
 def _ones(func):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..config import TuneConfig
 from ..errors import RunFailed
 from ..results import TuneResult
+from ..servers.latency import LatencyFailed
 from ..shares.share import Share
 from .. import numerics
 from .executor import ShareJob
@@ -29,6 +30,10 @@ from .session import LoadedModel, ShareSession, check_out_dir, device_name, load
 from .untuned_builds import UntunedBuilds
 
 log = logging.getLogger("tunekit")
+
+
+REPAIR_MIN_S = 300.0  # the least time the search for broken records gets before the rest is left out unsearched
+TUNED_TIMING_MIN_S = 120.0  # the least a tuned build's load and timing are given (CUDA module load, graph capture)
 
 
 class TunedBuildFailed(RunFailed):
@@ -58,6 +63,7 @@ class Pipeline:
         self.robust: dict | None = None  # --robust: the share-robust artifact and its regret matrix
         self._untuned_builds = UntunedBuilds()  # by (prepared module, target, graphs)
         self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
+        self._timing_limit_s: dict[str, float] = {}  # share -> how long a timing may take, from the untuned one's
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -82,7 +88,7 @@ class Pipeline:
                      self.config.trials, share.label)
         return jobs
 
-    def _check_identity(self, job: ShareJob, loaded: LoadedModel, *, resume: bool | None = None) -> None:
+    def check_identity(self, job: ShareJob, loaded: LoadedModel, *, resume: bool | None = None) -> None:
         from ..records.database import count_trials
         from ..records.identity import check_or_write, run_identity, write_bound_overrides
 
@@ -101,13 +107,17 @@ class Pipeline:
         self._compile(job, path=path, database=database, cuda_graph=cuda_graph)
         if settle is not None:
             settle(job)
+        started = time.perf_counter()
         latency, outputs = session.measure_latency(artifact=path, inputs=self.sample,
-                                                   repeats=self.config.measure_repeats)
+                                                   repeats=self.config.measure_repeats,
+                                                   timeout_s=self._timing_limit_s.get(job.label, 600.0))
+        if database is None:  # a tuned build that hangs (a kernel that never ends) is given up on well before 600 s
+            self._timing_limit_s[job.label] = max(TUNED_TIMING_MIN_S, 10 * (time.perf_counter() - started))
         rows = numerics.compare_outputs(self.output_names, outputs, self.reference)
         numerics.check(rows, precision=job.precision, what=what, bound=self._bound(job))
         return Measured(path, latency, rows)
 
-    def _measure_untuned(self, job: ShareJob, session: ShareSession, loaded: LoadedModel, *,
+    def _measure_untuned_at(self, job: ShareJob, session: ShareSession, loaded: LoadedModel, *,
                          settle=None) -> Measured:
         """The untuned model at the share, before any tuning. With --precision auto, an fp16 build that
         the numerics gate refuses (values outside fp16's range: MobileNetV2 with random weights has
@@ -128,7 +138,7 @@ class Pipeline:
             return self._measure(job, session, path=self._untuned_path(job), database=None,
                                  what="the untuned fp32 model")
 
-    def _measure_group_untuned(self, group: list[ShareJob], sessions: dict, loaded: LoadedModel, *,
+    def measure_untuned(self, group: list[ShareJob], sessions: dict, loaded: LoadedModel, *,
                                settle=None) -> dict[str, Measured]:
         """Every share's untuned model, in one precision for the whole group. The group's shares are
         tuned together (one search measures each candidate at every share), so when `auto` falls back
@@ -139,7 +149,7 @@ class Pipeline:
         fallen: ShareJob | None = None
         for job in group:
             if fallen is None:  # once one share fell back, the rest follow it below, unmeasured in fp16
-                untuned[job.label] = self._measure_untuned(job, sessions[job.label], loaded, settle=settle)
+                untuned[job.label] = self._measure_untuned_at(job, sessions[job.label], loaded, settle=settle)
                 fallen = job if job.label in self.precision_fallbacks else None
         for job in group:  # every other share of the group, also those measured in fp16 before it fell back
             if fallen is not None and self._follows_fallback(job):
@@ -147,7 +157,7 @@ class Pipeline:
                 untuned[job.label] = self._measure(job, sessions[job.label], path=self._untuned_path(job),
                                                    database=None, what="the untuned fp32 model", settle=settle)
             elif job.label not in untuned:  # one that cannot follow (its fp16 records are kept): as it is
-                untuned[job.label] = self._measure_untuned(job, sessions[job.label], loaded, settle=settle)
+                untuned[job.label] = self._measure_untuned_at(job, sessions[job.label], loaded, settle=settle)
         return untuned
 
     def _follows_fallback(self, job: ShareJob) -> bool:
@@ -217,7 +227,7 @@ class Pipeline:
         finally:
             self.steps[name] = round(self.steps.get(name, 0.0) + time.perf_counter() - started, 3)
 
-    def _load(self):
+    def load(self):
         from ..records.database import find_share_databases
 
         with self._step("load_s"):
@@ -235,14 +245,14 @@ class Pipeline:
     def run(self) -> list[TuneResult]:
         from ..records.identity import out_dir_lock
 
-        loaded, jobs = self._load()
+        loaded, jobs = self.load()
         results = []
         with contextlib.ExitStack() as stack:
             stack.enter_context(out_dir_lock(self.out))
             with self._step("connect_s"):
                 stack.enter_context(self.executor.connect())
             for job in jobs:
-                self._check_identity(job, loaded)  # checked before any work: records never appended by accident
+                self.check_identity(job, loaded)  # checked before any work: records never appended by accident
                 self.executor.recover(job)
             for group in self.executor.groups(jobs):
                 results += self._tune_group(group, loaded)
@@ -260,14 +270,14 @@ class Pipeline:
             # the fleets and build workers start beside the untuned model's compile and timing
             warm = stack.enter_context(self.executor.warm_up(group, sessions))
             with self._step("untuned_s"):
-                untuned = self._measure_group_untuned(group, sessions, loaded, settle=warm.settle)
+                untuned = self.measure_untuned(group, sessions, loaded, settle=warm.settle)
             progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress)
             try:
                 with self._step("tune_s"):
                     outcomes = self.executor.tune(group, sessions, progress)
             finally:
                 progress.close()
-            results = [self._finish(job, loaded, outcomes[job.label], sessions[job.label], untuned[job.label])
+            results = [self.finish(job, loaded, outcomes[job.label], sessions[job.label], untuned[job.label])
                        for job in group]
             if self.config.robust:
                 with self._step("robust_s"):
@@ -360,10 +370,10 @@ class Pipeline:
         from ..clients.compiler import records_worth_applying
         from ..records.baselines import write_baselines
 
-        from ..clients.task_faults import injected
+        from ..clients.task_faults import applied_fault
 
-        # an injected wrong kernel is applied even where it is not faster, so that tests always reach it
-        write_baselines(job.db_dir, {t["workload_hash"]: None if injected("wrong_kernel", t["name"]) else
+        # an injected wrong or crashing kernel is applied even where it is not faster, so that tests always reach it
+        write_baselines(job.db_dir, {t["workload_hash"]: None if applied_fault(t["name"]) else
                                      t.get("untuned_us") for t in outcome.tasks if t.get("workload_hash")})
         records, applied = records_worth_applying(job.db_dir)
         for row in outcome.tasks:
@@ -380,24 +390,26 @@ class Pipeline:
         applied = [row["workload_hash"] for row in outcome.tasks if row.get("record_applied")]
         if not applied:
             raise refused
+        budget = max(REPAIR_MIN_S, outcome.wall_s)  # at most about as long as the tuning took
         log.warning("%s; looking for the tuned kernels that break it among %d tasks (a build of the model for "
-                    "each half tried: about %d builds per broken kernel)", refused, len(applied),
-                    2 * max(1, math.ceil(math.log2(len(applied)))))
+                    "each half tried: about %d builds per broken kernel, for up to %.0f s)", refused, len(applied),
+                    2 * max(1, math.ceil(math.log2(len(applied)))), budget)
         probe = os.path.join(job.work_dir, "numerics-probe.so")
 
         def passes(keys: list[str]) -> bool:
             try:
                 self._measure(job, session, path=probe, database=records_for(records, keys), what="a probe build")
                 return True
-            except (numerics.NumericsRefused, TunedBuildFailed):
+            except (numerics.NumericsRefused, TunedBuildFailed, LatencyFailed):
                 return False
 
-        broken = broken_workloads(applied, passes)
+        deadline = time.monotonic() + budget
+        broken = broken_workloads(applied, passes, time_left=lambda: deadline - time.monotonic())
         mark_fallbacks(outcome.tasks, broken, str(refused).splitlines()[0][:300])
         log.warning("%d task(s) keep their untuned kernel: their tuned kernels broke the model", len(broken))
         return records_for(records, [key for key in applied if key not in broken])
 
-    def _finish(self, job: ShareJob, loaded: LoadedModel, outcome, session: ShareSession,
+    def finish(self, job: ShareJob, loaded: LoadedModel, outcome, session: ShareSession,
                 untuned: Measured) -> TuneResult:
         from ..clients.compiler import uses_cuda_graphs
         from ..records.database import count_trials, repaired_bytes
@@ -407,7 +419,7 @@ class Pipeline:
         records = self._records_to_apply(job, outcome)
         try:
             tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
-        except (numerics.NumericsRefused, TunedBuildFailed) as refused:
+        except (numerics.NumericsRefused, TunedBuildFailed, LatencyFailed) as refused:
             records = self._without_broken_records(job, session, outcome, records, refused)
             tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
         from ..frontend.precision import fp32_kept, skipped_steps

@@ -182,9 +182,10 @@ class ShareSession:
             self._stack.callback(self._latency.close)  # before the daemon it runs under is stopped
         return self._latency
 
-    def measure_latency(self, *, artifact: str, inputs: dict, repeats: int) -> tuple[dict, list]:
+    def measure_latency(self, *, artifact: str, inputs: dict, repeats: int,
+                        timeout_s: float = 600) -> tuple[dict, list]:
         """`artifact` timed at this share by the session's latency process: (info, outputs)."""
-        return self.latency_process().measure(artifact=artifact, inputs=inputs, repeats=repeats)
+        return self.latency_process().measure(artifact=artifact, inputs=inputs, repeats=repeats, timeout_s=timeout_s)
 
     def __exit__(self, *exc) -> None:
         self._stack.close()  # the latency process, the daemon (stopped if no other job uses it), the booking

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ..errors import TunekitError
+from ..errors import RunFailed, error_line
 from ..shares.pinning import PinnedEnv
 from .latency_worker import READY, REPLY
 
@@ -27,6 +27,10 @@ from .latency_worker import READY, REPLY
 # a model of a second per run on a small CPU share is timed 5 times, not 20 (tuning is what is slow).
 MAX_TIMING_S = 6.0
 START_TIMEOUT_S = 300.0
+
+
+class LatencyFailed(RunFailed):
+    """An artifact could not be timed: it failed to load or to run, crashed its worker or ran past the timeout."""
 
 
 class LatencyProcess:
@@ -84,7 +88,10 @@ class LatencyProcess:
                 self._fail("died before it could take the request")
             reply = json.loads(self._wait_for(REPLY, deadline=deadline, what="timing")[len(REPLY):])
             if not reply["ok"]:
-                raise TunekitError(f"latency measurement at {self.pinned.share.label} failed: {reply['error']}")
+                if self.device == "cuda":  # a CUDA error can leave its context unusable: the next timing starts anew
+                    self._stop()
+                raise LatencyFailed(f"latency measurement at {self.pinned.share.label} failed: "
+                                    f"{error_line(reply['error'])}")
             with np.load(out_path) as data:
                 outputs = [data[k] for k in data.files]
         return reply["info"], outputs
@@ -104,8 +111,8 @@ class LatencyProcess:
 
     def _fail(self, why: str):
         stderr = self._stop()
-        raise TunekitError(f"latency measurement at {self.pinned.share.label} failed: the worker {why}"
-                           + (f": {stderr}" if stderr else ""))
+        raise LatencyFailed(f"latency measurement at {self.pinned.share.label} failed: the worker {why}"
+                            + (f": {error_line(stderr)}" if stderr else ""))
 
     def _stop(self) -> str:
         """Stop the worker; the end of what it wrote to stderr."""
