@@ -42,6 +42,7 @@ ZOO := tunekit-out/zoo
 # stock MetaSchedule vs tunekit; then the zoo's compact copies: `tunekit check` on all, a short CPU tune of the small
 bench: $(STAMP)
 	$(BIN)/python benchmarks/tuning_time.py
+	$(BIN)/python benchmarks/fleet.py --share cpu50 --budget 180
 	mkdir -p $(ZOO)/compact && cp tests/data/zoo/*.onnx.xz $(ZOO)/compact/
 	$(BIN)/python benchmarks/zoo.py check --work $(ZOO) --compact --gpu-arch sm_90
 	$(BIN)/python benchmarks/zoo.py cpu-tune --work $(ZOO) --compact

@@ -14,17 +14,18 @@ Map of the package (README "How it works" has the full table):
   slo.py, profiling.py, evaluation.py   --slo-ms, profile / the knee, evaluate
   testing/      real fleets, kernels and record readers for tests and benchmarks
 """
-from .config import CoordinatorConfig, TuneConfig
+from .config import CoordinatorConfig, FleetModel, TuneConfig
 from .errors import RunFailed, TunekitError
-from .results import EvalResult, ProfileResult, SharesResult, SloResult, TuneResult
+from .results import EvalResult, FleetResult, ProfileResult, SharesResult, SloResult, TuneResult
 from .shares.share import Share
 from .readiness import CheckResult, check  # `tunekit check`; imports TVM only when it runs
 
-__all__ = ["TuneConfig", "CoordinatorConfig", "TunekitError", "RunFailed", "Share", "tune", "tune_shares",
+__all__ = ["TuneConfig", "CoordinatorConfig", "FleetModel", "TunekitError", "RunFailed", "Share", "tune", "tune_shares",
+           "tune_fleet", "FleetResult",
            "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile", "load", "bench", "TuneResult", "SharesResult",
            "SloResult", "EvalResult", "ProfileResult", "TunedModel", "BenchResult", "check", "CheckResult"]
 
-_API = ("tune", "tune_shares", "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile")
+_API = ("tune", "tune_shares", "tune_fleet", "tune_for_slo", "compile_model", "compile_variants", "evaluate", "profile")
 
 
 def __getattr__(name):

@@ -11,12 +11,13 @@ import os
 
 from .config import CoordinatorConfig, TuneConfig
 from .errors import TunekitError
-from .results import EvalResult, ProfileResult, SharesResult, SloResult, TuneResult
+from .config import FleetModel
+from .results import EvalResult, FleetResult, ProfileResult, SharesResult, SloResult, TuneResult
 from .shares.share import Share, parse_pct_list, share_kind
 
 log = logging.getLogger("tunekit")
 
-__all__ = ["tune", "tune_shares", "tune_for_slo", "compile_model", "evaluate", "profile"]
+__all__ = ["tune", "tune_shares", "tune_fleet", "tune_for_slo", "compile_model", "evaluate", "profile"]
 
 
 def _executor(config: TuneConfig, coordinator: CoordinatorConfig | None):
@@ -80,6 +81,35 @@ def tune(model, *, example_inputs: tuple | None = None, gpu_pct: int | str | Non
                         executor=executor, show_progress=show_progress, share_choice=share_choice,
                         example_inputs=example_inputs)
     return pipeline.run()[0]
+
+
+def tune_fleet(models: list, *, gpu_pct: int | None = None, cpu_pct: int | None = None, trials: int | None = None,
+               out: str | None = None, config: TuneConfig | None = None, coordinator: CoordinatorConfig | None = None,
+               show_progress: bool = False) -> FleetResult:
+    """Tune several models as one fleet: one search, one trial budget (config.trials, config.time_budget_s)
+    spent where it lowers the weighted sum of their latencies most, a workload they share searched once.
+    `models`: ONNX paths or config.FleetModel (its own share and weight); `gpu_pct` / `cpu_pct`: the share of
+    those that name none. Each model gets its own out dir `<out>/<name>` as a single run writes it; a model
+    that fails never stops the others (FleetResult.failed says why). One process: no `coordinator` yet."""
+    from .run.fleet import tune_fleet as run_fleet
+    from .run.session import resolve_share
+
+    if coordinator is not None:
+        raise TunekitError("a fleet is tuned in one process: drop the Ray options (--clients, --gpus, "
+                           "--ray-address, --client-nodes, RAY_ADDRESS)")
+    entries = [m if isinstance(m, FleetModel) else FleetModel(model=str(m)) for m in models]
+    if not entries:
+        raise TunekitError("a fleet needs at least one model")
+    for pct in (gpu_pct, cpu_pct):
+        if pct is not None and not isinstance(pct, int):
+            raise TunekitError(f"a fleet's share is one integer percentage, got {pct!r}")
+    shares = [resolve_share(e.gpu_pct if e.gpu_pct is not None or e.cpu_pct is not None else gpu_pct,
+                            e.cpu_pct if e.gpu_pct is not None or e.cpu_pct is not None else cpu_pct)
+              for e in entries]
+    config = (config or TuneConfig()).with_trials(trials)
+    out = out or os.path.join("tunekit-out", "fleet-" + "-".join(sorted({s.label for s in shares})))
+    return run_fleet(entries, shares, out=out, config=config, executor=_executor(config, None),
+                     show_progress=show_progress)
 
 
 def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str | list | None = None,

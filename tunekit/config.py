@@ -222,6 +222,48 @@ def check_keys(keys, *, where: str) -> None:
         raise TunekitError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
 
 
+@dataclass(frozen=True)
+class FleetModel:
+    """One model of a fleet (api.tune_fleet): its ONNX file, its share and its weight in the fleet's objective,
+    the weighted sum of the models' latencies (its request rate, or how much it matters)."""
+
+    model: str
+    gpu_pct: int | None = None        # the fleet's share when both are None
+    cpu_pct: int | None = None
+    weight: float = 1.0
+    name: str | None = None           # its out dir under the fleet's (default: the file's stem)
+
+    def __post_init__(self):
+        if not isinstance(self.weight, (int, float)) or isinstance(self.weight, bool) or not self.weight > 0:
+            raise TunekitError(f"{self.model}: a fleet model's weight must be a number > 0, got {self.weight!r}")
+        if self.gpu_pct is not None and self.cpu_pct is not None:
+            raise TunekitError(f"{self.model}: give gpu_pct or cpu_pct, not both")
+
+
+_FLEET_MODEL_KEYS = {f.name for f in dataclasses.fields(FleetModel)}
+
+
+def load_fleet_file(path: str) -> tuple[list[FleetModel], dict]:
+    """A fleet YAML: `models:` (a list of FleetModel mappings, or ONNX paths), the fleet's share (`gpu_pct`
+    or `cpu_pct`), `out`, and any TuneConfig key. Model paths are relative to the file. Returns (models, the
+    other keys)."""
+    values = load_yaml_config(path, fleet=True)
+    entries = values.pop("models", None)
+    if not isinstance(entries, list) or not entries:
+        raise TunekitError(f"{path}: a fleet file needs `models:`, a list of ONNX paths or mappings with `model:`")
+    here = os.path.dirname(os.path.abspath(path))
+    models = []
+    for entry in entries:
+        entry = {"model": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
+            raise TunekitError(f"{path}: each of `models:` is an ONNX path or a mapping with `model:`, got {entry!r}")
+        unknown = sorted(set(entry) - _FLEET_MODEL_KEYS)
+        if unknown:
+            raise TunekitError(f"{path}: unknown key(s) {unknown} in a model; known: {sorted(_FLEET_MODEL_KEYS)}")
+        models.append(FleetModel(**{**entry, "model": os.path.join(here, os.path.expanduser(entry["model"]))}))
+    return models, values
+
+
 @dataclass
 class CoordinatorConfig:
     """How a run is spread over Ray: tuning clients per share, GPUs for the servers, the cluster."""
@@ -247,7 +289,7 @@ class CoordinatorConfig:
                                "nodes advertise (e.g. tunekit_client), or use cpu-only")
 
 
-def load_yaml_config(path: str) -> dict:
+def load_yaml_config(path: str, *, fleet: bool = False) -> dict:
     import yaml
 
     if not os.path.isfile(path):
@@ -259,5 +301,5 @@ def load_yaml_config(path: str) -> dict:
         raise TunekitError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise TunekitError(f"{path}: expected a mapping of settings at the top level")
-    check_keys(data, where=path)
+    check_keys([k for k in data if not (fleet and k == "models")], where=path)
     return data

@@ -44,6 +44,18 @@ class SharesResult(_AsDict):
 
 
 @dataclass
+class FleetResult(_AsDict):
+    """Several models tuned as one fleet: each model's TuneResult (its own out dir under `out_dir`), or the
+    one line that says why it failed; report.json at the top compares them."""
+
+    out_dir: str
+    report_path: str
+    results: dict[str, TuneResult]
+    failed: dict[str, str]
+    report: dict = field(repr=False, default_factory=dict)
+
+
+@dataclass
 class SloResult(_AsDict):
     """`tune --slo-ms`: the smallest candidate share whose tuned latency met the SLO (see tunekit.slo)."""
 

@@ -7,11 +7,12 @@ import sys
 
 from ..errors import TunekitError
 from . import native_log
-from .common import EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, input_shapes, show_progress
+from .common import EXIT_ERROR, EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, input_shapes, show_progress
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model")
+    p.add_argument("model", nargs="+", help="an ONNX model; several, or a fleet YAML file, tune a fleet: one search "
+                   "and one budget for all of them, each into <out>/<name> (README: Fleets)")
     add_share(p, many=True, auto=True)
     p.add_argument("--trials", type=int, help="total measured candidates, per share (default 64)")
     p.add_argument("--trials-per-iter", type=int)
@@ -73,11 +74,12 @@ _CONFIG_FLAGS = ("trials", "trials_per_iter", "servers", "engine", "seed", "list
                  "time_budget_s", "precision", "oversubscribe", "share_wait_s", "robust")
 
 
-def tune_config(args):
-    """flag > YAML (--config) > default. The YAML may also hold gpu_pct, cpu_pct and out."""
+def tune_config(args, *, values: dict | None = None):
+    """flag > YAML (--config, or a fleet file's `values`) > default. The YAML may also hold gpu_pct, cpu_pct
+    and out."""
     from ..config import TuneConfig, load_yaml_config
 
-    values = load_yaml_config(args.config) if args.config else {}
+    values = dict(values) if values is not None else load_yaml_config(args.config) if args.config else {}
     for key in ("gpu_pct", "cpu_pct", "out"):
         if getattr(args, key) is None and key in values:
             setattr(args, key, values[key])
@@ -195,9 +197,68 @@ def _robust_lines(robust: dict | None) -> str:
     return "\n".join(lines) + f"\nrobust model: {robust['artifact']}"
 
 
+def _is_fleet(args) -> bool:
+    return len(args.model) > 1 or args.model[0].endswith((".yaml", ".yml"))
+
+
+def _tune_fleet(args) -> int:
+    """Several models (or a fleet file) tuned as one fleet; exit 1 when any of them failed (the rest are written)."""
+    from .. import api
+    from ..config import FleetModel, load_fleet_file
+
+    if args.slo_ms is not None or args.slo_max_speedup is not None:
+        raise TunekitError("--slo-ms tunes one model, not a fleet")
+    if _several(args):
+        raise TunekitError("a fleet gives one share per model: put each model's own in a fleet file")
+    files = [m for m in args.model if m.endswith((".yaml", ".yml"))]
+    if files and len(args.model) > 1:
+        raise TunekitError("give one fleet file, or several ONNX models, not both")
+    if files and args.config:
+        raise TunekitError("a fleet file holds its own settings: drop --config")
+    models, values = load_fleet_file(files[0]) if files else ([FleetModel(model=m) for m in args.model], None)
+    config = tune_config(args, values=values)
+    result = api.tune_fleet(models, gpu_pct=_pct(args.gpu_pct, "--gpu-pct"), cpu_pct=_pct(args.cpu_pct, "--cpu-pct"),
+                            out=args.out, config=config,
+                            coordinator=coordinator_config(args, oversubscribe=config.oversubscribe),
+                            show_progress=show_progress(args))
+    native_log.write_to(result.out_dir)
+    emit(args, {"out_dir": result.out_dir, "report_path": result.report_path, "failed": result.failed,
+                "report": result.report}, _fleet_table(result.report) + f"\nreport: {result.report_path}")
+    for tuned in result.results.values():
+        warn_fallbacks(tuned.report)
+    if result.failed:
+        print(f"tunekit: error: {len(result.failed)} of {result.report['models']} fleet models failed (the others "
+              f"are written): " + "; ".join(f"{name}: {why}" for name, why in result.failed.items()),
+              file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _fleet_table(report: dict) -> str:
+    lines = ["| model | share | weight | untuned ms | tuned ms | speedup | tasks (shared) | trials |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in report["fleet"]:
+        if "tuned_ms" in row:
+            lines.append(f"| {row['name']} | {row['share']} | {row['weight']:g} | {row['untuned_ms']:.3f} | "
+                         f"{row['tuned_ms']:.3f} | {row['speedup']:.2f}x | {row['tasks']} ({row['tasks_shared']}) | "
+                         f"{row['trials']} |")
+        else:
+            lines.append(f"| {row['name']} | {row['share']} | {row['weight']:g} | failed: {row['error']} | | | | |")
+    weighted, tasks = report["weighted_latency_ms"], report["tasks"]
+    return "\n".join(lines) + (f"\nweighted sum of latencies: {weighted['untuned']:.3f} -> {weighted['tuned']:.3f} ms; "
+                               f"{tasks['searched']} tasks searched for the {tasks['in_models']} in the models "
+                               f"({tasks['shared']} shared), {report['trials']['measured']} trials in "
+                               f"{report['tuning_wall_s']} s")
+
+
 def run(args) -> int:
     from .. import api
 
+    if _is_fleet(args):
+        if args.out:
+            native_log.write_to(args.out)
+        return _tune_fleet(args)
+    args.model = args.model[0]
     if args.out:
         native_log.write_to(args.out)  # TVM's C++ log lines beside the run's records
     if args.slo_ms is not None or args.slo_max_speedup is not None:

@@ -6,7 +6,7 @@ import numpy as np
 EXAMPLES = ("tiny_cnn", "resnet18", "mobilenet", "transformer")
 
 
-def tiny_cnn(*, seed: int = 0, image: int = 64, width: int = 32):
+def tiny_cnn(*, seed: int = 0, image: int = 64, width: int = 32, classes: int = 10):
     """conv-relu, strided conv-relu, global pool, dense: 5 tuning tasks, tunes in a minute on CPU."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -18,7 +18,7 @@ def tiny_cnn(*, seed: int = 0, image: int = 64, width: int = 32):
 
     half = width // 2
     inits = [weight("w1", (half, 3, 3, 3)), weight("b1", (half,)), weight("w2", (width, half, 3, 3)),
-             weight("b2", (width,)), weight("fc", (width, 10)), weight("fcb", (10,))]
+             weight("b2", (width,)), weight("fc", (width, classes)), weight("fcb", (classes,))]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -32,7 +32,7 @@ def tiny_cnn(*, seed: int = 0, image: int = 64, width: int = 32):
     graph = helper.make_graph(
         nodes, "tiny_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, image, image])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])], inits)
     # IR 8 / opset 17: loadable by every onnxruntime the stack pins
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)

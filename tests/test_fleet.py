@@ -1,0 +1,130 @@
+"""A fleet (run.fleet): several models tuned by one search with one budget, a workload they share searched once
+and its records serving every model that has it; a model that fails never stops the others."""
+import json
+import os
+from collections import Counter
+
+import pytest
+
+from tunekit.testing import record_keys, run_cli
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two tiny CNNs with the same convs and different heads (10 and 20 classes): their convs' and their pool's
+    workloads are shared, their dense layers' are not."""
+    from tunekit.models.examples import save_example
+
+    root = tmp_path_factory.mktemp("fleet")
+    return (save_example("tiny_cnn", str(root / "a.onnx"), seed=0),
+            save_example("tiny_cnn", str(root / "b.onnx"), seed=1, classes=20))
+
+
+def _write(path, text: str) -> str:
+    with open(path, "w") as fh:
+        fh.write(text)
+    return str(path)
+
+
+def test_a_fleet_file_gives_each_model_its_share_and_weight_and_fails_in_one_line(tmp_path):
+    from tunekit.config import FleetModel, load_fleet_file
+    from tunekit.errors import TunekitError
+
+    path = _write(tmp_path / "fleet.yaml", "cpu_pct: 50\ntrials: 8\nmodels:\n  - a.onnx\n"
+                                          "  - {model: sub/b.onnx, weight: 2.5, cpu_pct: 25, name: bee}\n")
+    models, values = load_fleet_file(path)
+    assert models == [FleetModel(model=str(tmp_path / "a.onnx")),
+                      FleetModel(model=str(tmp_path / "sub/b.onnx"), cpu_pct=25, weight=2.5, name="bee")]
+    assert values == {"cpu_pct": 50, "trials": 8}
+    for text, said in (("models: []\n", "needs `models:`"), ("models:\n  - {model: a.onnx, speed: 1}\n", "speed"),
+                       ("models:\n  - {model: a.onnx, weight: 0}\n", "weight must be a number > 0"),
+                       ("models: [a.onnx]\ntrails: 8\n", "unknown key(s) ['trails']")):
+        with pytest.raises(TunekitError, match=None) as caught:
+            load_fleet_file(_write(tmp_path / "bad.yaml", text))
+        assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_fleets_tasks_are_each_workload_once_weighted_by_model_weight_and_count(pair):
+    from tunekit.run.fleet import WEIGHT_STEPS, member_names, merge_tasks
+    from tunekit.config import FleetModel
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import extract_tasks
+    from tunekit.run.session import load_model
+    from tunekit.targets import target_for
+    from tunekit.shares.share import Share
+
+    class Member:  # what merge_tasks reads of a fleet member: its weight and its share job's tasks
+        def __init__(self, path, weight):
+            self.entry, self.keys = FleetModel(model=path, weight=weight), {}
+            target = target_for(Share("cpu", 100))
+            prepared, _ = prepare(load_model(path).mod, target, precision="fp32")
+            self.job = type("Job", (), {"tasks": extract_tasks(prepared, target)})()
+            self.target = target
+
+    a, b = Member(pair[0], 1.0), Member(pair[1], 3.0)
+    merged = merge_tasks([a, b], target=a.target)
+    shared = set(a.keys) & set(b.keys)
+    assert len(shared) >= 3 and set(a.keys) != set(b.keys)  # the convs and the pool; not the dense layers
+    assert len(merged) == len(set(a.keys) | set(b.keys)) and len({t.task_name for t in merged}) == len(merged)
+    by_key = {key: task for key, task in zip(list(dict.fromkeys([*a.keys, *b.keys])), merged)}
+    for key, task in by_key.items():
+        expected = a.keys.get(key, (None, 0))[1] * 1.0 + b.keys.get(key, (None, 0))[1] * 3.0
+        assert int(task.weight) == round(expected * WEIGHT_STEPS), (task.task_name, int(task.weight), expected)
+    assert member_names([FleetModel(model="x/a.onnx"), FleetModel(model="y/a.onnx")]) == ["a", "a-2"]
+
+
+@pytest.mark.e2e
+def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_other(pair, tmp_path):
+    """tunekit tune fleet.yaml: the shared workloads are searched once into the fleet's records, each model's
+    records dir holds its workloads' records (the shared ones the same) and its artifact applies their best;
+    the broken model's row says why, the exit code is 1, and --resume goes on from the fleet's records."""
+    from tunekit.records.baselines import workload_key
+    from tunekit.records.database import open_best_records
+    from tunekit.records.jsonl import read_workloads
+
+    broken = _write(tmp_path / "broken.onnx", "not an ONNX file")
+    fleet = _write(tmp_path / "fleet.yaml", f"cpu_pct: 100\nmodels:\n  - {pair[0]}\n  - {{model: {pair[1]}, weight: 3}}\n"
+                                            f"  - {broken}\n")
+    out = tmp_path / "out"
+    args = ("tune", fleet, "--trials", "12", "--trials-per-iter", "2", "--out", str(out), "--json")
+    proc = run_cli(*args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "tunekit: error: 1 of 3 fleet models failed (the others are written): broken: prepare: "), proc.stderr[-2000:]
+    payload = json.loads(proc.stdout)
+    report = payload["report"]
+    rows = {row["name"]: row for row in report["fleet"]}
+    assert rows["broken"]["error"].startswith("prepare: ") and payload["failed"] == {"broken": rows["broken"]["error"]}
+    assert report["models_tuned"] == 2 and report["tasks"]["shared"] >= 3
+    assert report["tasks"]["searched"] == report["tasks"]["in_models"] - report["tasks"]["shared"]
+    assert report["weighted_latency_ms"]["tuned"] == pytest.approx(rows["a"]["tuned_ms"] + 3 * rows["b"]["tuned_ms"],
+                                                                   rel=1e-3)
+
+    fleet_db = out / "records-cpu100"
+    keys = Counter(record_keys(fleet_db))
+    assert keys and max(keys.values()) == 1  # nothing measured twice: each shared workload had one search
+    assert sum(keys.values()) == report["trials"]["measured"] <= 12
+
+    def best(db) -> dict:
+        """{workload key: its best record's trace} of a records dir, as the compiler picks it."""
+        return {workload_key(r.workload.mod): str(r.trace) for r in open_best_records(str(db)).get_all_tuning_records()}
+
+    best_a, best_b = best(out / "a" / "records-cpu100"), best(out / "b" / "records-cpu100")
+    both = set(best_a) & set(best_b)
+    assert both and all(best_a[key] == best_b[key] for key in both)  # one search's best serves both
+    held = {name: {row[0] for row in read_workloads(str(out / name / "records-cpu100"))} for name in ("a", "b")}
+    assert held["a"] != held["b"] and held["a"] | held["b"] == {row[0] for row in read_workloads(str(fleet_db))}
+    for name in ("a", "b"):
+        model_report = json.load(open(out / name / "report.json"))
+        applied = {t["workload_hash"] for t in model_report["tasks"] if t.get("record_applied")}
+        assert applied and applied <= set(best_a if name == "a" else best_b)
+        assert all(t["fleet_models"] for t in model_report["tasks"]) and model_report["numerics"]["tuned"][0]["cosine"] > 0.999
+        assert os.path.getsize(rows[name]["artifact"]) > 0
+
+    fleet_ok = _write(tmp_path / "fleet-ok.yaml", f"cpu_pct: 100\nmodels:\n  - {pair[0]}\n  - {{model: {pair[1]}, weight: 3}}\n")
+    again = run_cli("tune", fleet_ok, "--trials", "4", "--trials-per-iter", "2", "--out", str(out), "--json", "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(record_keys(fleet_db)) > sum(keys.values())  # it went on from the fleet's records
+    for name in ("a", "b"):  # and each model's records are again the fleet's of its workloads
+        own = set(record_keys(out / name / "records-cpu100"))
+        assert own and own == {k for k in record_keys(fleet_db) if k[0] in {w for w, _ in own}}

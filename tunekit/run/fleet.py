@@ -1,0 +1,250 @@
+"""A fleet: several models, each at its share, tuned by one search with one trial budget (`tunekit tune
+a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
+
+  per model: load, prepare, its own records dir's identity          (run.pipeline, as a single run does)
+  the fleet's shares: sessions, runner fleets and build workers, started once for every model
+  per model: the untuned model measured at its share
+  one search over every model's tasks, each workload once, weighted by the model's weight x the workload's
+    count in it: the scheduler's gradient rule then lowers the weighted sum of the models' latencies (Ansor's
+    multi-DNN objective). Every candidate is measured at every share of the fleet, into <out>/records-<share>.
+  per model: the records of its workloads copied into its own records dir, then compiled, measured, reported
+A model that fails (to load, to prepare, at its untuned or tuned build) never stops the others: its row in
+<out>/report.json says why.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+
+from ..config import FleetModel, TuneConfig
+from ..errors import RunFailed, TunekitError
+from ..results import FleetResult, TuneResult
+from ..shares.share import Share
+from .executor import ShareJob
+from .pipeline import Pipeline
+from .report import write_report
+from .session import check_out_dir
+
+log = logging.getLogger("tunekit")
+
+WEIGHT_STEPS = 10  # a task's weight is an integer in MetaSchedule: model weights are kept to a tenth of the smallest
+
+
+@dataclasses.dataclass
+class _Member:
+    """One model of the fleet and how far it got."""
+
+    name: str
+    entry: FleetModel
+    share: Share
+    pipeline: Pipeline
+    loaded: object = None
+    job: ShareJob | None = None
+    keys: dict = dataclasses.field(default_factory=dict)  # workload key -> (its task name, its weight here)
+    untuned: object = None
+    result: TuneResult | None = None
+    error: str | None = None
+
+    def fail(self, step: str, exc: BaseException) -> None:
+        text = str(exc).strip().splitlines()
+        first = text[0] if isinstance(exc, TunekitError) and text else f"{type(exc).__name__}: {text[0] if text else ''}"
+        self.error = f"{step}: {first[:300]}"
+        log.warning("fleet: %s failed at %s; the others go on", self.name, self.error)
+
+
+def member_names(models: list[FleetModel]) -> list[str]:
+    """Each model's name (its out dir under the fleet's): given, else the file's stem; repeats get -2, -3."""
+    names, seen = [], {}
+    for entry in models:
+        base = entry.name or os.path.splitext(os.path.basename(entry.model))[0]
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    if len(set(names)) != len(names):
+        raise TunekitError(f"fleet model names repeat: {names}; give each a `name:`")
+    return names
+
+
+def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, config: TuneConfig, executor,
+               show_progress: bool = False) -> FleetResult:
+    """`shares[i]` is `models[i]`'s share (api.tune_fleet resolves them)."""
+    from ..records.identity import out_dir_lock
+
+    if len({share.kind for share in shares}) > 1:
+        raise TunekitError("a fleet's models are all at GPU shares or all at CPU shares")
+    started = time.time()
+    check_out_dir(out)
+    members = [_Member(name, entry, share, Pipeline(model=entry.model, shares=[share], out=os.path.join(out, name),
+                                                    config=config, executor=executor))
+               for name, entry, share in zip(member_names(models), models, shares)]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(out_dir_lock(out))
+        stack.enter_context(executor.connect())
+        for member in members:
+            _prepare(member)
+        live = [m for m in members if not m.error]
+        if not live:
+            raise RunFailed("no model of the fleet could be prepared: " + "; ".join(f"{m.name}: {m.error}" for m in members))
+        jobs = _share_jobs(live, out, config)
+        groups = executor.groups(jobs)
+        if len(groups) != 1:
+            raise TunekitError("a fleet at several shares needs the tunekit engine (one search measures every share)")
+        outcomes = _tune(groups[0], live, executor, stack, show_progress)
+    report = fleet_report(members, outcomes, jobs, started=started, config=config)
+    return FleetResult(out_dir=out, report_path=write_report(report, out),
+                       results={m.name: m.result for m in members if m.result is not None},
+                       failed={m.name: m.error for m in members if m.error}, report=report)
+
+
+def _prepare(member: _Member) -> None:
+    try:
+        member.loaded, jobs = member.pipeline.load()
+        member.job = jobs[0]
+        member.pipeline.check_identity(member.job, member.loaded)
+    except Exception as exc:  # this model only: the others are tuned
+        member.fail("prepare", exc)
+
+
+def _share_jobs(live: list[_Member], out: str, config: TuneConfig) -> list[ShareJob]:
+    """One job per share of the fleet, its database <out>/records-<share> holding every model's workloads
+    (its tasks are filled in once the models' untuned builds have settled their precision)."""
+    from ..records.database import count_trials, database_dir
+    from ..records.identity import check_or_write, run_identity
+    from .session import device_name
+
+    jobs: dict[str, ShareJob] = {}
+    for member in sorted(live, key=lambda m: -m.share.pct):
+        label = member.job.label
+        if label not in jobs:
+            job = ShareJob(member.share, member.job.target, None, [], database_dir(out, label), out, precision="fleet")
+            names = hashlib.sha256("\n".join(sorted(m.name for m in live)).encode()).hexdigest()
+            check_or_write(job.db_dir, run_identity(model_sha256=f"fleet:{names}", share_label=label, target=job.target,
+                                                    device=device_name(job.share), input_shapes={}, precision="fleet"),
+                           resume=config.resume, existing_trials=count_trials(job.db_dir))
+            jobs[label] = job
+    return list(jobs.values())
+
+
+def _tune(group: list[ShareJob], live: list[_Member], executor, stack: contextlib.ExitStack,
+          show_progress: bool) -> dict:
+    from ..clients.progress import ProgressBar
+
+    sessions = stack.enter_context(executor.group_sessions(group))
+    for session in sessions.values():
+        session.latency_process()
+    warm = stack.enter_context(executor.warm_up(group, sessions))
+    for member in live:
+        label = member.job.label
+        try:
+            member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]}, member.loaded,
+                                                             settle=warm.settle)[label]
+        except Exception as exc:
+            member.fail("untuned", exc)
+    tuned = [m for m in live if not m.error]
+    if not tuned:
+        raise RunFailed("no model of the fleet has an untuned build: "
+                        + "; ".join(f"{m.name}: {m.error}" for m in live))
+    tasks = merge_tasks(tuned, target=group[0].target)
+    for job in group:
+        job.tasks = tasks
+    progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
+    try:
+        outcomes = executor.tune(group, sessions, progress)
+    finally:
+        progress.close()
+    jobs = {job.label: job for job in group}
+    for member in tuned:
+        _finish(member, jobs[member.job.label], outcomes[member.job.label], sessions[member.job.label], tuned)
+    return outcomes
+
+
+def merge_tasks(members: list[_Member], *, target) -> list:
+    """Every workload of the members' tasks once, weighted by sum(model weight x its count in the model),
+    scaled so that the smallest model weight counts WEIGHT_STEPS. Fills each member's `keys`."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..records.baselines import workload_key
+
+    smallest = min(m.entry.weight for m in members)
+    merged: dict[str, list] = {}  # key -> [task, weight]
+    for member in members:
+        member.keys = {}
+        for task in member.job.tasks:
+            key = workload_key(task.dispatched[0])
+            member.keys[key] = (task.task_name, int(task.weight))
+            merged.setdefault(key, [task, 0.0])[1] += task.weight * member.entry.weight / smallest
+    names: set[str] = set()
+    tasks = []
+    for key, (task, weight) in merged.items():
+        name = task.task_name if task.task_name not in names else f"{task.task_name}_{key[:6]}"
+        names.add(name)
+        tasks.append(ms.ExtractedTask(name, task.mod, target, list(task.dispatched),
+                                      max(1, round(weight * WEIGHT_STEPS))))
+    return tasks
+
+
+def _finish(member: _Member, job: ShareJob, outcome, session, tuned: list[_Member]) -> None:
+    """The member's records (its workloads' of the fleet's database) in its own records dir, then its
+    artifact compiled, measured and reported as a single run's."""
+    from ..records.subset import write_subset
+
+    try:
+        write_subset(job.db_dir, member.job.db_dir, set(member.keys))
+        member.result = member.pipeline.finish(member.job, member.loaded, model_outcome(outcome, member, tuned, job),
+                                               session, member.untuned)
+    except Exception as exc:
+        member.fail("tuned build", exc)
+
+
+def model_outcome(outcome, member: _Member, members: list[_Member], job: ShareJob):
+    """The fleet's TuningOutcome as the member's own: its tasks' rows, under its own task names and weights,
+    each saying which models share it (`fleet_models`); its trials are its tasks' trials."""
+    rows = []
+    for row in outcome.tasks:
+        key = row.get("workload_hash")
+        if key in member.keys:
+            name, weight = member.keys[key]
+            rows.append({**row, "name": name, "weight": weight, "fleet_task": row["name"],
+                         "fleet_models": [m.name for m in members if key in m.keys]})
+    return dataclasses.replace(
+        outcome, tasks=rows, trials_done=sum(r.get("trials", 0) for r in rows),
+        trials_failed=sum(r.get("failed", 0) for r in rows), trials_cached=sum(r.get("cached", 0) for r in rows),
+        phases=dict(outcome.phases),
+        extra={**outcome.extra, "fleet": {"out_dir": job.out, "records_dir": job.db_dir, "trials": outcome.trials_done}})
+
+
+def fleet_report(members: list[_Member], outcomes: dict, jobs: list[ShareJob], *, started: float,
+                 config: TuneConfig) -> dict:
+    """<out>/report.json: every model's row (or why it failed), the weighted sums of their latencies, and what
+    the one search did."""
+    rows = []
+    for m in members:
+        row = {"name": m.name, "model": os.path.abspath(m.entry.model), "share": m.share.label,
+               "weight": m.entry.weight, "out_dir": m.pipeline.out}
+        if m.result is not None:
+            shared = sum(1 for t in m.result.report.get("tasks", []) if len(t.get("fleet_models", [])) > 1)
+            row.update(untuned_ms=m.result.untuned_ms, tuned_ms=m.result.tuned_ms,
+                       speedup=round(m.result.speedup, 3), tasks=len(m.keys), tasks_shared=shared,
+                       trials=m.result.trials, fallback_tasks=m.result.report.get("fallback_tasks", 0),
+                       report=m.result.report_path, artifact=m.result.artifact)
+        else:
+            row["error"] = m.error
+        rows.append(row)
+    done = [r for r in rows if "tuned_ms" in r]
+    first = jobs[0]
+    outcome = outcomes.get(first.label)
+    return {
+        "fleet": rows, "models": len(rows), "models_tuned": len(done), "models_failed": len(rows) - len(done),
+        "weighted_latency_ms": {"untuned": round(sum(r["weight"] * r["untuned_ms"] for r in done), 4),
+                                "tuned": round(sum(r["weight"] * r["tuned_ms"] for r in done), 4)},
+        "tasks": {"in_models": sum(len(m.keys) for m in members), "searched": len(first.tasks),
+                  "shared": sum(1 for t in (outcome.tasks if outcome else [])
+                                if sum(1 for m in members if t.get("workload_hash") in m.keys) > 1)},
+        "trials": {"requested": config.trials, "measured": outcome.trials_done if outcome else 0},
+        "shares": [job.label for job in jobs], "records_dirs": {job.label: job.db_dir for job in jobs},
+        "search": "one search for the fleet, every candidate measured at every share of it",
+        "tuning_wall_s": round(outcome.wall_s, 2) if outcome else None, "wall_s": round(time.time() - started, 2),
+    }
