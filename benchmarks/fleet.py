@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     p.add_argument("--share", default="cpu50", help="every model's share, e.g. cpu50 or gpu25")
     p.add_argument("--budget", type=float, default=180, help="seconds of tuning per setup")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--results", default=os.path.join(HERE, "results", "fleet-latest.md"))
+    p.add_argument("--results", default=os.path.join("tunekit-out", "fleet-bench.md"), help="write the table here")
     args = p.parse_args(argv)
     flag, pct = f"--{args.share[:3]}-pct", args.share[3:]
     with tempfile.TemporaryDirectory(prefix="tunekit-fleet-bench-") as work:
@@ -122,7 +122,7 @@ def main(argv=None) -> None:
     command = "python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = f"{text}\n\nmachine: {machine()}\ncommand: `{command}`\n"
     print(report)
-    os.makedirs(os.path.dirname(args.results), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
     with open(args.results, "w") as fh:
         fh.write(report)
 
