@@ -58,7 +58,7 @@ def run_setups(models: list[str], *, flag: str, pct: str, budget: float, work: s
     payload, wall = tunekit("tune", *models, flag, pct, "--time-budget", f"{budget:g}", "--trials", "1000000",
                             "--out", os.path.join(work, "fleet"))
     out["fleet"] = {"artifacts": [row["artifact"] for row in payload["report"]["fleet"]], "wall_s": wall,
-                    "trials": payload["report"]["trials"]["measured"]}
+                    "trials": sum(payload["report"]["trials"]["measured"].values())}
     artifacts, trials, started = [], 0, time.perf_counter()
     for i, model in enumerate(models):
         payload, _ = tunekit("tune", model, flag, pct, "--time-budget", f"{budget / len(models):g}", "--trials",

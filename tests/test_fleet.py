@@ -103,7 +103,7 @@ def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_ot
     fleet_db = out / "records-cpu100"
     keys = Counter(record_keys(fleet_db))
     assert keys and max(keys.values()) == 1  # nothing measured twice: each shared workload had one search
-    assert sum(keys.values()) == report["trials"]["measured"] <= 12
+    assert sum(keys.values()) == report["trials"]["measured"]["cpu100"] <= 12
 
     def best(db) -> dict:
         """{workload key: its best record's trace} of a records dir, as the compiler picks it."""
@@ -128,3 +128,23 @@ def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_ot
     for name in ("a", "b"):  # and each model's records are again the fleet's of its workloads
         own = set(record_keys(out / name / "records-cpu100"))
         assert own and own == {k for k in record_keys(fleet_db) if k[0] in {w for w, _ in own}}
+
+
+@pytest.mark.e2e
+def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pair, tmp_path):
+    """--clients 2: the share's tasks (both models', each workload once) are sharded over two Ray tuning clients;
+    their shards are merged into the fleet's records, and each model gets its workloads' records and artifact."""
+    out = tmp_path / "ray"
+    proc = run_cli("tune", *pair, "--cpu-pct", "100", "--clients", "2", "--trials", "12", "--trials-per-iter", "2",
+                   "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["models_tuned"] == 2 and report["tasks"]["shared"] >= 3
+    assert report["tasks"]["per_share"]["cpu100"] == report["tasks"]["in_models"] - report["tasks"]["shared"]
+    keys = Counter(record_keys(out / "records-cpu100"))
+    assert keys and max(keys.values()) == 1 and sum(keys.values()) == report["trials"]["measured"]["cpu100"]
+    for name in ("a", "b"):
+        model_report = json.load(open(out / name / "report.json"))
+        assert model_report["coordinator"]["clients"] == 2, model_report.get("coordinator")
+        own = set(record_keys(out / name / "records-cpu100"))
+        assert own == {k for k in keys if k[0] in {w for w, _ in own}}

@@ -90,13 +90,11 @@ def tune_fleet(models: list, *, gpu_pct: int | None = None, cpu_pct: int | None 
     spent where it lowers the weighted sum of their latencies most, a workload they share searched once.
     `models`: ONNX paths or config.FleetModel (its own share and weight); `gpu_pct` / `cpu_pct`: the share of
     those that name none. Each model gets its own out dir `<out>/<name>` as a single run writes it; a model
-    that fails never stops the others (FleetResult.failed says why). One process: no `coordinator` yet."""
+    that fails never stops the others (FleetResult.failed says why). With `coordinator`, each share's tasks are
+    sharded over Ray tuning clients (the shares that fit on a device together tuned at once)."""
     from .run.fleet import tune_fleet as run_fleet
     from .run.session import resolve_share
 
-    if coordinator is not None:
-        raise TunekitError("a fleet is tuned in one process: drop the Ray options (--clients, --gpus, "
-                           "--ray-address, --client-nodes, RAY_ADDRESS)")
     entries = [m if isinstance(m, FleetModel) else FleetModel(model=str(m)) for m in models]
     if not entries:
         raise TunekitError("a fleet needs at least one model")
@@ -108,7 +106,7 @@ def tune_fleet(models: list, *, gpu_pct: int | None = None, cpu_pct: int | None 
               for e in entries]
     config = (config or TuneConfig()).with_trials(trials)
     out = out or os.path.join("tunekit-out", "fleet-" + "-".join(sorted({s.label for s in shares})))
-    return run_fleet(entries, shares, out=out, config=config, executor=_executor(config, None),
+    return run_fleet(entries, shares, out=out, config=config, executor=_executor(config, coordinator),
                      show_progress=show_progress)
 
 

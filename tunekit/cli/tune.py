@@ -247,8 +247,8 @@ def _fleet_table(report: dict) -> str:
     weighted, tasks = report["weighted_latency_ms"], report["tasks"]
     return "\n".join(lines) + (f"\nweighted sum of latencies: {weighted['untuned']:.3f} -> {weighted['tuned']:.3f} ms; "
                                f"{tasks['searched']} tasks searched for the {tasks['in_models']} in the models "
-                               f"({tasks['shared']} shared), {report['trials']['measured']} trials in "
-                               f"{report['tuning_wall_s']} s")
+                               f"({tasks['shared']} shared); trials "
+                               + ", ".join(f"{n} at {label}" for label, n in report['trials']['measured'].items()))
 
 
 def run(args) -> int:

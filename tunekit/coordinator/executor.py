@@ -156,6 +156,9 @@ class RayExecutor:
         if earlier:
             merge_shards(earlier, job.db_dir)
 
+    def measures_every_share(self, jobs: list[ShareJob]) -> bool:
+        return False  # each share is searched by its own clients
+
     def groups(self, jobs: list[ShareJob]) -> list[list[ShareJob]]:
         if self.config.robust:
             raise TunekitError("--robust measures every candidate at every share in one process: drop the Ray "

@@ -51,6 +51,9 @@ class Executor(Protocol):
     def recover(self, job: ShareJob) -> None:
         """After the identity check, before tuning: fold in what a killed earlier run left behind."""
 
+    def measures_every_share(self, jobs: list[ShareJob]) -> bool:
+        """Whether one search measures each candidate at every share of `jobs` (then they tune the same tasks)."""
+
     def groups(self, jobs: list[ShareJob]) -> list[list[ShareJob]]:
         """Shares tuned at the same time, in the order they run."""
 

@@ -6,7 +6,8 @@ a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
   per model: the untuned model measured at its share
   one search over every model's tasks, each workload once, weighted by the model's weight x the workload's
     count in it: the scheduler's gradient rule then lowers the weighted sum of the models' latencies (Ansor's
-    multi-DNN objective). Every candidate is measured at every share of the fleet, into <out>/records-<share>.
+    multi-DNN objective). In one process every candidate is measured at every share of the fleet; through Ray,
+    each share's tasks (its models') are sharded over its tuning clients. Records go to <out>/records-<share>.
   per model: the records of its workloads copied into its own records dir, then compiled, measured, reported
 A model that fails (to load, to prepare, at its untuned or tuned build) never stops the others: its row in
 <out>/report.json says why.
@@ -70,7 +71,9 @@ def member_names(models: list[FleetModel]) -> list[str]:
 
 def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, config: TuneConfig, executor,
                show_progress: bool = False) -> FleetResult:
-    """`shares[i]` is `models[i]`'s share (api.tune_fleet resolves them)."""
+    """`shares[i]` is `models[i]`'s share (api.tune_fleet resolves them). The executor groups the fleet's shares
+    (one process: one group, every candidate measured at every share; Ray: the shares that fit on a device
+    together, each searched by its own clients); each group's models are tuned at once."""
     from ..records.identity import out_dir_lock
 
     if len({share.kind for share in shares}) > 1:
@@ -80,6 +83,7 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
     members = [_Member(name, entry, share, Pipeline(model=entry.model, shares=[share], out=os.path.join(out, name),
                                                     config=config, executor=executor))
                for name, entry, share in zip(member_names(models), models, shares)]
+    outcomes: dict = {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(out_dir_lock(out))
         stack.enter_context(executor.connect())
@@ -89,10 +93,11 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
         if not live:
             raise RunFailed("no model of the fleet could be prepared: " + "; ".join(f"{m.name}: {m.error}" for m in members))
         jobs = _share_jobs(live, out, config)
-        groups = executor.groups(jobs)
-        if len(groups) != 1:
-            raise TunekitError("a fleet at several shares needs the tunekit engine (one search measures every share)")
-        outcomes = _tune(groups[0], live, executor, stack, show_progress)
+        for job in jobs:
+            executor.recover(job)
+        for group in executor.groups(jobs):
+            labels = {job.label for job in group}
+            outcomes.update(_tune(group, [m for m in live if m.job.label in labels], executor, show_progress))
     report = fleet_report(members, outcomes, jobs, started=started, config=config)
     return FleetResult(out_dir=out, report_path=write_report(report, out),
                        results={m.name: m.result for m in members if m.result is not None},
@@ -109,18 +114,18 @@ def _prepare(member: _Member) -> None:
 
 
 def _share_jobs(live: list[_Member], out: str, config: TuneConfig) -> list[ShareJob]:
-    """One job per share of the fleet, its database <out>/records-<share> holding every model's workloads
-    (its tasks are filled in once the models' untuned builds have settled their precision)."""
+    """One job per share of the fleet, its database <out>/records-<share> holding its models' workloads (its
+    tasks are filled in once the models' untuned builds have settled their precision)."""
     from ..records.database import count_trials, database_dir
     from ..records.identity import check_or_write, run_identity
     from .session import device_name
 
     jobs: dict[str, ShareJob] = {}
+    names = hashlib.sha256("\n".join(sorted(m.name for m in live)).encode()).hexdigest()
     for member in sorted(live, key=lambda m: -m.share.pct):
         label = member.job.label
         if label not in jobs:
             job = ShareJob(member.share, member.job.target, None, [], database_dir(out, label), out, precision="fleet")
-            names = hashlib.sha256("\n".join(sorted(m.name for m in live)).encode()).hexdigest()
             check_or_write(job.db_dir, run_identity(model_sha256=f"fleet:{names}", share_label=label, target=job.target,
                                                     device=device_name(job.share), input_shapes={}, precision="fleet"),
                            resume=config.resume, existing_trials=count_trials(job.db_dir))
@@ -128,37 +133,37 @@ def _share_jobs(live: list[_Member], out: str, config: TuneConfig) -> list[Share
     return list(jobs.values())
 
 
-def _tune(group: list[ShareJob], live: list[_Member], executor, stack: contextlib.ExitStack,
-          show_progress: bool) -> dict:
+def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress: bool) -> dict:
+    """One group of the fleet's shares: its models' untuned builds timed, then one tuning of their tasks, then
+    each model's artifact. {share label: TuningOutcome}."""
     from ..clients.progress import ProgressBar
 
-    sessions = stack.enter_context(executor.group_sessions(group))
-    for session in sessions.values():
-        session.latency_process()
-    warm = stack.enter_context(executor.warm_up(group, sessions))
-    for member in live:
-        label = member.job.label
+    with contextlib.ExitStack() as stack:
+        sessions = stack.enter_context(executor.group_sessions(group))
+        for member in members:  # before the warm-up: the tasks the executor plans with depend on each precision
+            label = member.job.label
+            try:
+                member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]},
+                                                                 member.loaded)[label]
+            except Exception as exc:
+                member.fail("untuned", exc)
+        tuned = [m for m in members if not m.error]
+        if not tuned:
+            log.warning("fleet: no model at %s has an untuned build", ", ".join(job.label for job in group))
+            return {}
+        every_share = executor.measures_every_share(group)
+        for job in group:
+            job.tasks = merge_tasks([m for m in tuned if every_share or m.job.label == job.label], target=job.target)
+        stack.enter_context(executor.warm_up(group, sessions))
+        progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
         try:
-            member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]}, member.loaded,
-                                                             settle=warm.settle)[label]
-        except Exception as exc:
-            member.fail("untuned", exc)
-    tuned = [m for m in live if not m.error]
-    if not tuned:
-        raise RunFailed("no model of the fleet has an untuned build: "
-                        + "; ".join(f"{m.name}: {m.error}" for m in live))
-    tasks = merge_tasks(tuned, target=group[0].target)
-    for job in group:
-        job.tasks = tasks
-    progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
-    try:
-        outcomes = executor.tune(group, sessions, progress)
-    finally:
-        progress.close()
-    jobs = {job.label: job for job in group}
-    for member in tuned:
-        _finish(member, jobs[member.job.label], outcomes[member.job.label], sessions[member.job.label], tuned)
-    return outcomes
+            outcomes = executor.tune(group, sessions, progress)
+        finally:
+            progress.close()
+        jobs = {job.label: job for job in group}
+        for member in tuned:
+            _finish(member, jobs[member.job.label], outcomes[member.job.label], sessions[member.job.label], tuned)
+        return outcomes
 
 
 def merge_tasks(members: list[_Member], *, target) -> list:
@@ -168,6 +173,8 @@ def merge_tasks(members: list[_Member], *, target) -> list:
 
     from ..records.baselines import workload_key
 
+    if not members:
+        return []
     smallest = min(m.entry.weight for m in members)
     merged: dict[str, list] = {}  # key -> [task, weight]
     for member in members:
@@ -234,17 +241,17 @@ def fleet_report(members: list[_Member], outcomes: dict, jobs: list[ShareJob], *
             row["error"] = m.error
         rows.append(row)
     done = [r for r in rows if "tuned_ms" in r]
-    first = jobs[0]
-    outcome = outcomes.get(first.label)
+    keys = {key for m in members for key in m.keys}
+    in_many = {key for key in keys if sum(1 for m in members if key in m.keys) > 1}
     return {
         "fleet": rows, "models": len(rows), "models_tuned": len(done), "models_failed": len(rows) - len(done),
         "weighted_latency_ms": {"untuned": round(sum(r["weight"] * r["untuned_ms"] for r in done), 4),
                                 "tuned": round(sum(r["weight"] * r["tuned_ms"] for r in done), 4)},
-        "tasks": {"in_models": sum(len(m.keys) for m in members), "searched": len(first.tasks),
-                  "shared": sum(1 for t in (outcome.tasks if outcome else [])
-                                if sum(1 for m in members if t.get("workload_hash") in m.keys) > 1)},
-        "trials": {"requested": config.trials, "measured": outcome.trials_done if outcome else 0},
+        "tasks": {"in_models": sum(len(m.keys) for m in members), "searched": len(keys), "shared": len(in_many),
+                  "per_share": {job.label: len(job.tasks) for job in jobs}},
+        "trials": {"requested": config.trials,
+                   "measured": {label: outcome.trials_done for label, outcome in outcomes.items()}},
         "shares": [job.label for job in jobs], "records_dirs": {job.label: job.db_dir for job in jobs},
-        "search": "one search for the fleet, every candidate measured at every share of it",
-        "tuning_wall_s": round(outcome.wall_s, 2) if outcome else None, "wall_s": round(time.time() - started, 2),
+        "tuning_wall_s": {label: round(outcome.wall_s, 2) for label, outcome in outcomes.items()},
+        "wall_s": round(time.time() - started, 2),
     }
