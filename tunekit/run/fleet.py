@@ -22,7 +22,7 @@ import os
 import time
 
 from ..config import FleetModel, TuneConfig
-from ..errors import RunFailed, TunekitError
+from ..errors import RunFailed, TunekitError, one_line
 from ..results import FleetResult, TuneResult
 from ..shares.share import Share
 from .executor import ShareJob
@@ -51,9 +51,8 @@ class _Member:
     error: str | None = None
 
     def fail(self, step: str, exc: BaseException) -> None:
-        text = str(exc).strip().splitlines()
-        first = text[0] if isinstance(exc, TunekitError) and text else f"{type(exc).__name__}: {text[0] if text else ''}"
-        self.error = f"{step}: {first[:300]}"
+        text = one_line(str(exc)) if isinstance(exc, TunekitError) else f"{type(exc).__name__}: {one_line(str(exc))}"
+        self.error = f"{step}: {text[:300]}"
         log.warning("fleet: %s failed at %s; the others go on", self.name, self.error)
 
 
