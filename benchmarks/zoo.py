@@ -884,7 +884,7 @@ def tuned_within(bench: dict | None) -> bool | None:
 
 # ---------------------------------------------------------------- the table
 def columns(gpu_pct: int) -> list[str]:
-    return ["model", "family", "precision", "tasks fallen back (count: first)", "check exit", "untuned ms",
+    return ["model", "family", "GPU", "precision", "tasks fallen back (count: first)", "check exit", "untuned ms",
             f"tuned ms at {gpu_pct}%", f"PyTorch best correct at {gpu_pct}% (variant)", "PyTorch fp16 at 100%",
             f"tuned / best correct {gpu_pct}%", "tuned / fp16 at 100%", "notes"]
 
@@ -894,7 +894,7 @@ def table(journal: Journal, *, gpu_pct: int = 40, header: list[str] = ()) -> str
     rows = [model_row(m, journal, gpu_pct=gpu_pct) for m in models]
     beat_best = [r for r in rows if r["vs_best"] is not None]
     beat_fp16 = [r for r in rows if r["vs_fp16"] is not None]
-    lines = [*header, "", f"| {' | '.join(columns(gpu_pct))} |", "|" + " --- |" * 5 + " ---: |" * 6 + " --- |"]
+    lines = [*header, "", f"| {' | '.join(columns(gpu_pct))} |", "|" + " --- |" * 6 + " ---: |" * 6 + " --- |"]
     lines += ["| " + " | ".join(r["cells"]) + " |" for r in rows]
     lines += ["", f"Tuned at {gpu_pct}% beats PyTorch's best correct variant at {gpu_pct}% on "
               f"**{sum(r['vs_best'] < 1 for r in beat_best)} of {len(beat_best)}** models, and PyTorch fp16 at "
@@ -928,7 +928,7 @@ def model_row(model: Model, journal: Journal, *, gpu_pct: int) -> dict:
     fp16, fp16_v = best_variant(torch100, fp16_only=True)
     vs_best = tuned / best if tuned and best else None
     vs_fp16 = tuned / fp16 if tuned and fp16 else None
-    cells = [model.name, model.family, precision or "–", _fallen_cell(fallen, known=bool(ok_tune or check)),
+    cells = [model.name, model.family, _gpu_cell(tune or torch40), precision or "–", _fallen_cell(fallen, known=bool(ok_tune or check)),
              _check_cell(check), _ms((ok_tune or {}).get("untuned_ms")),
              _ms(tuned) + ("†" if tuned_within(bench) is False else ""),
              f"{_ms(best)} ({best_v})" if best else _none_correct(torch40),
@@ -936,6 +936,12 @@ def model_row(model: Model, journal: Journal, *, gpu_pct: int) -> dict:
              f"{vs_best:.2f}" if vs_best else "–", f"{vs_fp16:.2f}" if vs_fp16 else "–",
              _notes(model, journal, torch40, torch100, gpu_pct=gpu_pct)]
     return {"cells": [c.replace("|", "/") for c in cells], "vs_best": vs_best, "vs_fp16": vs_fp16}
+
+
+def _gpu_cell(row: dict | None) -> str:
+    """The GPU a model's rows were measured on, short ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    name = (row or {}).get("machine") or ""
+    return next((w for w in name.split() if w[:1] in "HABL" and w[1:].isdigit()), name or "–")
 
 
 def _fallen_cell(fallen: list, *, known: bool) -> str:

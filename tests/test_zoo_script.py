@@ -205,14 +205,17 @@ def _journal(zoo, tmp_path, rows):
     return journal
 
 
-def _cells(text, model):
+def _cells(text, model, *, gpu=False):
+    """The model's row, without its GPU column unless `gpu`."""
     line = next(line for line in text.splitlines() if line.startswith(f"| {model} |"))
-    return [c.strip() for c in line.strip("|").split("|")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    return cells if gpu else cells[:2] + cells[3:]
 
 
 def test_the_table_counts_only_correct_pytorch_variants_and_renders_failed_rows(zoo, tmp_path):
     text = zoo.table(_journal(zoo, tmp_path, _rows()), gpu_pct=40, header=["# zoo"])
     r18 = _cells(text, "resnet18")
+    assert _cells(text, "resnet18", gpu=True)[2] == "H200" and _cells(text, "swin_t", gpu=True)[2] == "–"
     assert r18[:6] == ["resnet18", "vision CNN", "fp16", "0", "0", "0.500"]
     assert r18[6:11] == ["0.290", "0.400 (graphs-fp32)", "0.250 (graphs-fp16)", "0.72", "1.16"]
     assert "graphs-fp16" in r18[11] and "graphs-fp32" in r18[11]  # wrong at 40% and at 100% (NaN)
