@@ -17,9 +17,10 @@ def _timings(db_dir) -> dict:
     return {(workloads[r.workload][0], r.trace_text()): r.run_secs for r in read_records(str(db_dir))}
 
 
-def _tune_two_shares(model, out, *flags, trials: int) -> dict:
+def _tune_two_shares(model, out, *flags, trials: int, per_iter: int = 4) -> dict:
     """`tunekit tune` at cpu50 and cpu100 in one run; its report.json."""
-    proc = run_cli("tune", model, "--cpu-pct", "50,100", "--trials", str(trials), "--trials-per-iter", "4", *flags,
+    proc = run_cli("tune", model, "--cpu-pct", "50,100", "--trials", str(trials), "--trials-per-iter", str(per_iter),
+                   *flags,
                    "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Each share makes its own TuneContexts: MetaSchedule's XGBoost rounds stay in its log files, off stderr.
@@ -107,11 +108,11 @@ def test_one_search_measures_every_candidate_at_every_share_into_each_shares_dat
 def test_a_shares_picks_are_all_measured_before_the_next_share_searches_the_task(example_model, tmp_path):
     # One search serves 2 batches here (4 on CUDA). Handing a task to the other share's search every
     # batch left each share's picks waiting while the other's batches ran, so later batches were
-    # picked by searches that had not seen the task's latest measurements. 10 batches over tiny_cnn's
+    # picked by searches that had not seen the task's latest measurements. 10 batches (of 2) over tiny_cnn's
     # 4 tasks: some task has 3, more than one search's picks.
     config = tmp_path / "config.yaml"
     config.write_text("search: {batches: 2}\n")
-    report = _tune_two_shares(example_model, tmp_path / "o", "--config", str(config), trials=40)
+    report = _tune_two_shares(example_model, tmp_path / "o", "--config", str(config), trials=20, per_iter=2)
     for label in ("cpu50", "cpu100"):
         handed_over = 0
         for task in report["per_share"][label]["tasks"]:

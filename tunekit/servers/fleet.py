@@ -132,8 +132,12 @@ class RunnerFleet:
         atexit.register(self.stop)
         self.tracker_port = free_port(self.config.host)
         self._tracker = self._start_tracker()
-        self._wait_tracker()
-        self._servers = [self._start_server() for _ in range(self.config.servers)]
+        if self._launcher.waits_for_tracker:  # both import TVM: at once, not one after the other
+            self._servers = [self._start_server() for _ in range(self.config.servers)]
+            self._wait_tracker()
+        else:
+            self._wait_tracker()
+            self._servers = [self._start_server() for _ in range(self.config.servers)]
         self._wait_ready()
         threading.Thread(target=self._supervise, daemon=True, name=f"tunekit-supervisor-{self.key}").start()
 
@@ -183,7 +187,7 @@ class RunnerFleet:
         return getattr(self, "_log_path", None)
 
     def _wait_tracker(self) -> None:
-        # Servers that find no tracker back off for 5 s: start them only once it listens.
+        # TVM's stock servers that find no tracker back off for 5 s: they start only once it listens.
         import socket
 
         deadline = time.time() + self.config.start_timeout_s

@@ -186,7 +186,8 @@ def _listen_loop(listen_sock, port: int, rpc_key: str, tracker_addr, custom_addr
     while True:
         try:
             if tracker_conn is None:
-                tracker_conn = base.connect_with_retry(tracker_addr)
+                # started beside its tracker (servers.fleet): TVM's default retries every 5 s
+                tracker_conn = base.connect_with_retry(tracker_addr, retry_period=0.1)
                 tracker_conn.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
                 if struct.unpack("<i", base.recvall(tracker_conn, 4))[0] != base.RPC_TRACKER_MAGIC:
                     raise RuntimeError(f"{tracker_addr!s} is not an RPC tracker")
