@@ -928,8 +928,8 @@ def model_row(model: Model, journal: Journal, *, gpu_pct: int) -> dict:
     fp16, fp16_v = best_variant(torch100, fp16_only=True)
     vs_best = tuned / best if tuned and best else None
     vs_fp16 = tuned / fp16 if tuned and fp16 else None
-    cells = [model.name, model.family, _gpu_cell(tune or torch40), precision or "–", _fallen_cell(fallen, known=bool(ok_tune or check)),
-             _check_cell(check), _ms((ok_tune or {}).get("untuned_ms")),
+    cells = [model.name, model.family, _gpu_cell(tune or torch40), precision or "–",
+             _fallen_cell(fallen, known=bool(ok_tune or check)), _check_cell(check), _ms((ok_tune or {}).get("untuned_ms")),
              _ms(tuned) + ("†" if tuned_within(bench) is False else ""),
              f"{_ms(best)} ({best_v})" if best else _none_correct(torch40),
              f"{_ms(fp16)} ({fp16_v})" if fp16 else _none_correct(torch100),

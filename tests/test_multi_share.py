@@ -20,8 +20,7 @@ def _timings(db_dir) -> dict:
 def _tune_two_shares(model, out, *flags, trials: int, per_iter: int = 4) -> dict:
     """`tunekit tune` at cpu50 and cpu100 in one run; its report.json."""
     proc = run_cli("tune", model, "--cpu-pct", "50,100", "--trials", str(trials), "--trials-per-iter", str(per_iter),
-                   *flags,
-                   "--out", out, "--json")
+                   *flags, "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Each share makes its own TuneContexts: MetaSchedule's XGBoost rounds stay in its log files, off stderr.
     assert "[DEBUG]" not in proc.stderr, proc.stderr[-2000:]

@@ -132,7 +132,7 @@ class RunnerFleet:
         atexit.register(self.stop)
         self.tracker_port = free_port(self.config.host)
         self._tracker = self._start_tracker()
-        if self._launcher.waits_for_tracker:  # both import TVM: at once, not one after the other
+        if self._launcher.starts_before_tracker:  # both import TVM: at once, not one after the other
             self._servers = [self._start_server() for _ in range(self.config.servers)]
             self._wait_tracker()
         else:

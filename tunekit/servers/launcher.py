@@ -12,7 +12,7 @@ from ..errors import TunekitError
 class ServerLauncher:
     name = ""
     checks_secret = False  # whether its servers demand the RPC secret before loading code
-    waits_for_tracker = False  # whether its servers may start before the tracker listens (they retry quickly)
+    starts_before_tracker = False  # whether its servers may start before the tracker listens (they retry quickly)
 
     def command(self, *, tracker: str, key: str, host: str, port: int, gpu: bool) -> list[str]:
         raise NotImplementedError
@@ -32,7 +32,7 @@ class WarmServerLauncher(ServerLauncher):
 
     name = "warm"
     checks_secret = True
-    waits_for_tracker = True
+    starts_before_tracker = True
 
     def command(self, *, tracker, key, host, port, gpu):
         cmd = [sys.executable, "-m", "tunekit.servers.warm_server", "--tracker", tracker, "--key", key,
