@@ -170,7 +170,7 @@ class Pipeline:
         log.warning("precision auto: %s fell back to fp32; tuning %s in fp32 too", fallen.label, job.label)
         job.prepared, job.precision, job.tasks = fallen.prepared, fallen.precision, list(fallen.tasks)
         self.precision_fallbacks[job.label] = f"{self.precision_fallbacks[fallen.label]} (at {fallen.label})"
-        self._check_identity(job, loaded, resume=False)
+        self.check_identity(job, loaded, resume=False)
 
     def _prepare_fp32(self, job: ShareJob, loaded: LoadedModel) -> None:
         """`job` with its module, tasks and precision replaced by the fp32 ones (its identity too: the
@@ -180,7 +180,7 @@ class Pipeline:
 
         job.prepared, job.precision = prepare(loaded.mod, job.target, precision="fp32")
         job.tasks = _unscheduled(extract_tasks(job.prepared, job.target))
-        self._check_identity(job, loaded, resume=False)  # no trials yet: the identity is rewritten as fp32
+        self.check_identity(job, loaded, resume=False)  # no trials yet: the identity is rewritten as fp32
 
     def _precision_for(self, db_dir: str) -> str:
         """The precision to prepare a share in: the configured one, except that `auto` keeps an earlier
