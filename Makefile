@@ -14,12 +14,13 @@ TORCH_SITE := .torchsite
 # where cuda-bindings would make a CPU machine look ready for --gpu-pct (the `gpu` extra's check).
 NVRTC_SITE := .nvrtcsite
 
+# The three installs run side by side (disjoint folders); the optional two may fail, and their tests then skip.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	-$(BIN)/pip install -q --target $(TORCH_SITE) 'torch==2.13.0+cpu'
-	-$(BIN)/pip install -q --target $(NVRTC_SITE) 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14'
+	$(BIN)/pip install -q --target $(TORCH_SITE) 'torch==2.13.0+cpu' & \
+	$(BIN)/pip install -q --target $(NVRTC_SITE) 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14' & \
+	$(BIN)/pip install -q -e '.[test]'; status=$$?; wait; exit $$status
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -28,8 +29,9 @@ demo: $(STAMP)
 	$(BIN)/tunekit example --out examples/tiny_cnn.onnx
 	$(BIN)/tunekit tune examples/tiny_cnn.onnx --cpu-pct 50 --trials 32 --resume  # a re-run adds 32 trials
 
+# two workers: a module's tests, and all the Ray tests, each stay on one (tests/conftest.py)
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu" tests
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not gpu" tests
 
 # the fast lane (about 2 minutes): every test but the gpu and e2e ones (pyproject.toml says what e2e is)
 test-unit: $(STAMP)

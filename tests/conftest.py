@@ -21,7 +21,21 @@ def has_gpu() -> bool:
     return gpu_present()
 
 
+# `make test` runs two workers (pytest -n 2 --dist loadgroup): a module's tests share a worker (its module fixtures
+# run once), and the modules that start Ray clusters share one, first (they are the longest group).
+_RAY_MODULES = {"test_coordinator", "test_faults_ray", "test_fleet", "test_task_fallback"}
+
+
+def _group(item) -> str:
+    module = item.module.__name__.rpartition(".")[2]
+    return "ray" if module in _RAY_MODULES else module
+
+
+@pytest.hookimpl(tryfirst=True)  # xdist reads the groups in its own hook
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: _group(item) != "ray")  # stable: the order within a group is kept
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")

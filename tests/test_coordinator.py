@@ -13,7 +13,7 @@ from tunekit.coordinator.merge import merge_shards
 from tunekit.errors import TunekitError
 from tunekit.records.jsonl import RECORDS, WORKLOADS, read_records, read_workloads
 from tunekit.shares.share import Share
-from tunekit.testing import distinct, new_children, record_keys, record_lines, run_cli, shard_dirs
+from tunekit.testing import QUICK_SEARCH, distinct, new_children, record_keys, record_lines, run_cli, shard_dirs
 
 
 # ---------------------------------------------------------------- planning (no processes)
@@ -355,7 +355,7 @@ def test_the_pool_actor_hears_what_each_client_has_ahead():
 
     from tunekit.coordinator.budget import RemotePool, ray_pool_class
 
-    ray.init(num_cpus=1, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False)  # a cluster of its own, never another test's
     try:
         pool = RemotePool(ray_pool_class().remote(40, takers=4))
         assert pool.take(16, key="a", ahead=48) == 0  # more ahead than its part: deferred
@@ -404,7 +404,7 @@ def test_multi_node_cluster_spreads_servers_and_survives_a_killed_client(example
         killer = threading.Thread(target=kill_a_client_once_it_has_records, daemon=True)
         killer.start()
         result = api.tune(example_model, cpu_pct=50, out=out,
-                          config=TuneConfig(trials=12, trials_per_iter=2),
+                          config=TuneConfig(trials=12, trials_per_iter=2, search=dict(QUICK_SEARCH)),
                           coordinator=CoordinatorConfig(clients=2, ray_address=cluster.address))
         killer.join(timeout=5)
     finally:

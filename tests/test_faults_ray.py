@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from tunekit.testing import record_keys, shard_dirs, tune_process
+from tunekit.testing import QUICK_SEARCH, record_keys, shard_dirs, tune_process
 
 pytestmark = pytest.mark.e2e
 
@@ -94,7 +94,8 @@ def test_removing_a_whole_ray_node_mid_run_keeps_every_trial(example_model, tmp_
         killer = threading.Thread(target=remove_the_node_once_there_are_records, daemon=True)
         killer.start()
         result = api.tune(example_model, cpu_pct=50, out=out,
-                          config=TuneConfig(trials=10, trials_per_iter=2, servers_gone_timeout_s=20),
+                          config=TuneConfig(trials=10, trials_per_iter=2, servers_gone_timeout_s=20,
+                                            search=dict(QUICK_SEARCH)),
                           coordinator=CoordinatorConfig(clients=2, ray_address=cluster.address))
         killer.join(timeout=5)
     finally:

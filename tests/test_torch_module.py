@@ -8,6 +8,7 @@ import pytest
 
 import tunekit
 from tunekit import TuneConfig, TunekitError
+from tunekit.testing import QUICK_SEARCH
 
 
 def _small_module(torch, seed: int):
@@ -31,7 +32,7 @@ def test_tune_a_torch_module_and_call_the_result_with_torch_tensors(tmp_path):
     module, x = _small_module(torch, 0), torch.randn(1, 3, 16, 16)
     out = str(tmp_path / "small")
     result = tunekit.tune(module, example_inputs=(x,), cpu_pct=50, out=out,
-                          config=TuneConfig(trials=4, trials_per_iter=4, measure_repeats=5))
+                          config=TuneConfig(trials=4, trials_per_iter=4, measure_repeats=5, search=dict(QUICK_SEARCH)))
     assert os.path.basename(result.artifact) == "small-cpu50.so" and result.trials == 4
     numerics = result.report["numerics"]["tuned"]
     assert numerics[0]["cosine"] > 0.9999  # against the module itself, run eagerly

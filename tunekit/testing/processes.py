@@ -1,25 +1,64 @@
 """The real `tunekit` command in a subprocess, and the processes it leaves (or must not leave)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
+import yaml
 
 from .records import record_lines
 
 
-def run_cli(*args, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run `tunekit ARGS...` as a user would, to completion."""
-    return subprocess.run([sys.executable, "-m", "tunekit.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+# A small evolutionary search for the tests of everything but the search: with MetaSchedule's defaults, a test's
+# run of a few trials spends most of its time searching (the search's own tests pass search=None).
+QUICK_SEARCH = {"population": 16, "genetic_iters": 1, "init_samples": 8}
 
 
-def tune_process(model, out, *args, share: tuple = ("--cpu-pct", "50")) -> subprocess.Popen:
+def with_search(args: list[str], search: dict | None) -> list[str]:
+    """`tunekit tune` arguments whose config (--config, or the fleet file) also sets `search`; the keys the test's
+    own file sets win. The merged file goes beside the test's file (its relative paths still hold), else --out's."""
+    if not search or not args or args[0] != "tune" or "--gpu-pct" in args:  # GPU runs keep the CUDA defaults
+        return args
+    args = list(args)
+    at = 1 if args[1].endswith((".yaml", ".yml")) else args.index("--config") + 1 if "--config" in args else None
+    values = {}
+    if at is not None:
+        try:
+            with open(args[at]) as fh:
+                values = yaml.safe_load(fh) or {}
+        except (OSError, ValueError, yaml.YAMLError):
+            return args  # a test of a config tunekit must refuse gets it as it is
+        if not isinstance(values, dict) or not isinstance(values.get("search", {}), (dict, type(None))):
+            return args
+        where = os.path.dirname(os.path.abspath(args[at]))
+    else:
+        where = os.path.dirname(os.path.abspath(args[args.index("--out") + 1])) if "--out" in args else None
+    values["search"] = {**search, **(values.get("search") or {})}
+    fd, path = tempfile.mkstemp(prefix="search-", suffix=".yaml", dir=where if where and os.path.isdir(where) else None)
+    with os.fdopen(fd, "w") as fh:
+        yaml.safe_dump(values, fh)
+    if at is None:
+        return [*args, "--config", path]
+    args[at] = path
+    return args
+
+
+def run_cli(*args, timeout: float = 900, search: dict | None = QUICK_SEARCH) -> subprocess.CompletedProcess:
+    """Run `tunekit ARGS...` as a user would, to completion (`tune` with `search` in its config)."""
+    return subprocess.run([sys.executable, "-m", "tunekit.cli", *with_search(list(map(str, args)), search)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def tune_process(model, out, *args, share: tuple = ("--cpu-pct", "50"),
+                 search: dict | None = QUICK_SEARCH) -> subprocess.Popen:
     """`tunekit tune MODEL --cpu-pct 50 --out OUT ARGS...` started in the background."""
-    return subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", str(model), *share, "--out", str(out),
-                             *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = with_search(["tune", str(model), *share, "--out", str(out), *map(str, args)], search)
+    return subprocess.Popen([sys.executable, "-m", "tunekit.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_records(proc: subprocess.Popen, db_dir, n: int, *, timeout: float = 400) -> bool:
