@@ -29,9 +29,9 @@ demo: $(STAMP)
 	$(BIN)/tunekit example --out examples/tiny_cnn.onnx
 	$(BIN)/tunekit tune examples/tiny_cnn.onnx --cpu-pct 50 --trials 32 --resume  # a re-run adds 32 trials
 
-# three workers on 2 cores (a test often waits on its subprocesses): a module's tests, and all the Ray tests, each stay on one (tests/conftest.py)
+# two workers: a module's tests, and all the Ray tests, each stay on one (tests/conftest.py)
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -n 3 --dist loadgroup -m "not gpu" tests
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not gpu" tests
 
 # the fast lane (about 2 minutes): every test but the gpu and e2e ones (pyproject.toml says what e2e is)
 test-unit: $(STAMP)
