@@ -14,7 +14,7 @@ from .records import record_lines
 
 
 # A small evolutionary search for the tests of everything but the search: with MetaSchedule's defaults, a test's
-# run of a few trials spends most of its time searching (the search's own tests pass search=None).
+# run of a few trials spends most of its time searching (search=None keeps MetaSchedule's defaults).
 QUICK_SEARCH = {"population": 16, "genetic_iters": 1, "init_samples": 8}
 
 
@@ -38,7 +38,8 @@ def with_search(args: list[str], search: dict | None) -> list[str]:
     else:
         where = os.path.dirname(os.path.abspath(args[args.index("--out") + 1])) if "--out" in args else None
     values["search"] = {**search, **(values.get("search") or {})}
-    fd, path = tempfile.mkstemp(prefix="search-", suffix=".yaml", dir=where if where and os.path.isdir(where) else None)
+    where = where if where and os.path.isdir(where) else None
+    fd, path = tempfile.mkstemp(prefix="search-", suffix=".yaml", dir=where)
     with os.fdopen(fd, "w") as fh:
         yaml.safe_dump(values, fh)
     if at is None:
