@@ -203,9 +203,14 @@ def prepare(mod, target, *, precision: str, fuse_attention: bool = True, fold_ke
     cannot be converted (the reason is logged). A model converted but for a few bindings is "fp16":
     fp32_kept(prepared) names those, skipped_steps(prepared) the optional steps that failed.
     `fuse_attention`: see convert; `fold_kernels`: see prepare_for_tuning (both are for comparisons)."""
+    from .powers import powers_as_products
     from .tasks import prepare_for_tuning
 
     resolved = resolve_precision(precision, target)
+    if target.kind.name == "cuda":  # fast-math powf is NaN for a negative base (frontend.powers)
+        mod, rewritten = powers_as_products(mod)
+        if rewritten:
+            log.info("%d integer powers written as products", rewritten)
     try:
         converted = convert(mod, resolved, target_kind=target.kind.name, fuse_attention=fuse_attention)
     except TunekitError as exc:
