@@ -147,6 +147,7 @@ def test_gpu_precision_auto_falls_back_to_fp32_when_fp16_is_refused(example_mode
     report = json.loads(proc.stdout)["report"]
     assert report["precision"] == "fp32"
     assert "untuned fp16 model is refused" in report["precision_fallback"]
+    assert report["trials"]["measured"] > 0 and report["session_failures"] == 0  # the fp32 candidates ran
     assert report["numerics"]["tuned"][0]["max_rel_err"] <= 1e-5
     assert json.load(open(tmp_path / "auto" / "records-gpu40" / "tunekit-run.json"))["precision"] == "fp32"
 
@@ -163,12 +164,13 @@ def test_gpu_precision_auto_falls_back_at_every_share_of_one_search(example_mode
     the gate with the fp32 build, tuned in fp16, and its tuned model was refused (rc 1)."""
     config = tmp_path / "tight.yaml"
     config.write_text("max_output_error: 1.0e-5\n")
-    proc = run_cli("tune", example_model, "--gpu-pct", "40,100", "--trials", "4", "--config", config,
-                   "--out", tmp_path / "two", "--json")
+    proc = run_cli("tune", example_model, "--gpu-pct", "40,100", "--trials", "4", "--time-budget", "60", "--config",
+                   config, "--out", tmp_path / "two", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for label in ("gpu40", "gpu100"):
         report = json.load(open(tmp_path / "two" / f"report-{label}.json"))
         assert report["precision"] == "fp32", label
+        assert report["trials"]["measured"] > 0, label
         assert "untuned fp16 model is refused" in report["precision_fallback"], label
         assert report["numerics"]["tuned"][0]["max_rel_err"] <= 1e-5, label
         identity = json.load(open(tmp_path / "two" / f"records-{label}" / "tunekit-run.json"))
