@@ -33,10 +33,7 @@ def _group(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # xdist reads the groups in its own hook
 def pytest_collection_modifyitems(config, items):
-    # Longest first, so that no long module starts last while the other worker idles: the Ray group, then the modules
-    # with end-to-end tests, then the unit tests. Stable: the order within a group is kept.
-    e2e = {_group(item) for item in items if "e2e" in item.keywords}
-    items.sort(key=lambda item: (_group(item) != "ray", _group(item) not in e2e))
+    items.sort(key=lambda item: _group(item) != "ray")  # stable: the order within a group is kept
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
     if has_gpu():
