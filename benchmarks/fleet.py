@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from tuning_time import machine  # noqa: E402  (the same machine line as every benchmark)
+from tuning_time import write_results  # noqa: E402  (the same machine line as every benchmark)
 
 SETUPS = ("fleet", "sequential", "parallel")
 
@@ -119,12 +119,7 @@ def main(argv=None) -> None:
         runs = run_setups(models, flag=flag, pct=pct, budget=args.budget, work=work)
         latency = bench_all(runs, flag=flag, pct=pct, rounds=args.rounds)
         text = table(models, runs, latency, [1.0] * len(models))
-    command = "python benchmarks/fleet.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = f"{text}\n\nmachine: {machine()}\ncommand: `{command}`\n"
-    print(report)
-    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-    with open(args.results, "w") as fh:
-        fh.write(report)
+    write_results(text, args.results, script="fleet.py", argv=argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from tuning_time import machine  # noqa: E402  (the same machine line as every benchmark)
+from tuning_time import write_results  # noqa: E402  (the same machine line as every benchmark)
 
 
 def parse_pairs(text: str) -> list[tuple[str, int]]:
@@ -118,12 +118,7 @@ def main(argv=None) -> None:
         if sum(pct for _, pct in artifacts) > 100:
             raise SystemExit("the shares sum past 100%: side by side they would not fit on the device")
         text = table(artifacts, rounds(artifacts, kind=args.kind, repeats=args.repeats, count=args.rounds))
-    command = "python benchmarks/share_concurrency.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = f"{text}\n\nmachine: {machine()}\ncommand: `{command}`\n"
-    print(report)
-    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-    with open(args.results, "w") as fh:
-        fh.write(report)
+    write_results(text, args.results, script="share_concurrency.py", argv=argv)
 
 
 if __name__ == "__main__":

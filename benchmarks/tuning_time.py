@@ -50,6 +50,16 @@ def machine() -> str:
     return text
 
 
+def write_results(text: str, path: str, *, script: str, argv: list[str] | None) -> None:
+    """Print `text` with the machine and the command that made it, and write the same to `path`."""
+    command = f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = f"{text}\n\nmachine: {machine()}\ncommand: `{command}`\n"
+    print(report)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(report)
+
+
 def model_path(name: str, workdir: str) -> str:
     if os.path.isfile(name):
         return name

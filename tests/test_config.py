@@ -71,6 +71,15 @@ def test_an_experimental_field_warns_only_when_it_is_set(monkeypatch):
         TuneConfig(robust=True)
 
 
+def test_the_per_share_measurement_lock_warns_as_experimental_and_the_others_do_not():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for setting in (True, False, "auto"):
+            TuneConfig(measure_lock=setting)
+    with pytest.warns(ExperimentalWarning, match="measure_lock: share is experimental"):
+        TuneConfig(measure_lock="share")
+
+
 def test_a_flag_beats_the_yaml_which_beats_the_default(tmp_path):
     from tunekit.cli import build_parser
     from tunekit.cli.tune import tune_config

@@ -57,6 +57,18 @@ log = logging.getLogger("tunekit.runner")
 NOT_MEASURED = "tunekit SessionRunner: not measured"
 
 
+MEASURE_LOCKS = (True, False, "auto", "share")
+
+
+def lock_name(setting, *, on_gpu: bool, device: str, share: str) -> str | None:
+    """The measurement lock a candidate takes under `setting` (TuneConfig.measure_lock): None (no lock), its
+    device's, or with "share" (experimental) its share's turn on the device: measurements at one share take turns,
+    measurements at different shares of the device run side by side."""
+    if setting is False or (setting == "auto" and not on_gpu):
+        return None
+    return f"{device}-{share}" if setting == "share" else device
+
+
 class ServersGone(RunFailed):
     """No runner server of the share could be reached for longer than servers_gone_timeout_s."""
 
@@ -96,7 +108,8 @@ class RunnerConfig:
     release_idle_sessions: bool = False
     # Shared secret the warm servers demand (see servers/warm_server.py); never logged.
     secret: bytes | None = field(default=None, repr=False)
-    # One measurement at a time per device (module docstring): "auto" = GPU candidates only, True, False.
+    # One measurement at a time per device (module docstring): "auto" = GPU candidates only, True, False;
+    # "share" (experimental): one at a time per share of the device (lock_name).
     measure_lock: bool | str = "auto"
     # The device the servers measure on, for the lock ("gpu1", "cpu"); None: a GPU named by the fleet's
     # key (a Ray fleet's ends in -gpu<index>), else this process's first visible GPU, or "cpu".
@@ -165,8 +178,8 @@ class SessionRunner(PyRunner):
         self.lock_wait_s = 0.0         # summed over candidates: waiting for the device's measurement lock
         self.locked_measurements = 0   # candidates measured holding the lock
         self._lock_devices: dict[str, str | None] = {}  # device type -> lock device (None: no lock)
-        if config.measure_lock not in (True, False, "auto"):
-            raise ValueError(f"measure_lock must be true, false or auto, not {config.measure_lock!r}")
+        if config.measure_lock not in MEASURE_LOCKS:
+            raise ValueError(f"measure_lock must be true, false, auto or share, not {config.measure_lock!r}")
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"tunekit-session-{i}")
                          for i in range(max(1, config.sessions))]
         for thread in self._threads:
@@ -208,15 +221,13 @@ class SessionRunner(PyRunner):
             return {"lock_wait_s": round(self.lock_wait_s, 3), "locked_measurements": self.locked_measurements}
 
     def _lock_device(self, device_type) -> str | None:
-        """The device whose measurement lock a candidate of `device_type` takes, or None for no lock."""
+        """The device lock a candidate of `device_type` takes (lock_name), or None for no lock."""
         device_type = str(device_type)
         if device_type not in self._lock_devices:
             from ..shares.ledger import gpu_device
 
-            setting, on_gpu = self.config.measure_lock, device_type != "cpu"
-            if setting is False or (setting == "auto" and not on_gpu):
-                device = None
-            elif self.config.lock_device:
+            on_gpu = device_type != "cpu"
+            if self.config.lock_device:
                 device = self.config.lock_device
             elif not on_gpu:
                 device = "cpu"
@@ -225,7 +236,8 @@ class SessionRunner(PyRunner):
                 # fleet_actor.py); the one-process fleet's (tunekit-<share>) servers use this process's GPU.
                 named = re.search(r"-[^-]+-gpu(\d+)$", self.config.key)
                 device = gpu_device(int(named.group(1)) if named else None)
-            self._lock_devices[device_type] = device
+            self._lock_devices[device_type] = lock_name(self.config.measure_lock, on_gpu=on_gpu, device=device,
+                                                        share=self.label)
         return self._lock_devices[device_type]
 
     def _device_turn(self, runner_input):
