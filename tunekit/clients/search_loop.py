@@ -526,10 +526,10 @@ class SearchLoop:
         budget = self.req.config.time_budget_s
         return budget is not None and time.perf_counter() - started >= budget
 
-    def _before_search(self, stage) -> int:
+    def _before_search(self, stage, started: float) -> int:
         """Per-task baselines, negligible tasks, warm start. Returns the trials it spent."""
         if self.req.measure_untuned:
-            self._measure_untuned()
+            self._measure_untuned(started)
             if self.scheduler.min_task_share is not None:
                 mark_negligible(self.tasks, self.scheduler.min_task_share)
         for task in self.tasks:
@@ -578,7 +578,7 @@ class SearchLoop:
         stage = concurrent.futures.ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="tunekit-build")
         in_flight: collections.deque[_Batch] = collections.deque()
         try:
-            spent = self._before_search(stage)
+            spent = self._before_search(stage, started)
             self._loop(stage, in_flight, started, spent)
         finally:
             stage.shutdown(wait=not in_flight, cancel_futures=True)
@@ -673,8 +673,9 @@ class SearchLoop:
                                          if self._loop_s else 0.0}},
                            self.runner.session_failures)
 
-    def _measure_untuned(self) -> None:
-        """One build + run per task of the unscheduled (or default-scheduled) kernel: the per-task baseline."""
+    def _measure_untuned(self, started: float) -> None:
+        """One build + run per task of the unscheduled (or default-scheduled) kernel: the per-task baseline. The
+        time budget covers them: once it is spent the rest keep no baseline (the runner drops them at shutdown)."""
         from tvm.s_tir.meta_schedule.arg_info import ArgInfo
         from tvm.s_tir.meta_schedule.builder import BuilderInput
         from tvm.s_tir.meta_schedule.runner import RunnerInput
@@ -702,6 +703,10 @@ class SearchLoop:
                 run_owners.append((task, str(result.artifact_path)))
         t = time.perf_counter()
         for (task, path), future in zip(run_owners, self.runner.run(run_inputs)):
+            if self._out_of_time(started):
+                log.info("the time budget ran out while measuring the untuned kernels: %s and later tasks keep none",
+                         task.name)
+                break
             for lane in self.lanes:
                 lane.tasks[task.index].untuned_us = mean_run_us(self._results_by_share(future)[lane.label].run_secs)
             self.runner.timings.pop(path, None)
