@@ -78,6 +78,17 @@ def test_a_database_without_keys_is_keyed_once_and_seeds_its_search_with_its_bes
                                                                        for r in best_whole]
 
 
+def test_what_a_database_knows_includes_what_was_committed_since_it_opened(example_model, tmp_path):
+    """A client searches its shard a second time (the pool's leftover trials): the second search must see the
+    first one's records, or it measures them again (the two-share coordinator test met 11 distinct of 12)."""
+    database = open_for_tuning(str(tmp_path / "db"), seeds=1)
+    write, _ = _conv_records.conv_records(example_model, 0)
+    write(30e-6, 1e10, 20e-6, into=database, commit=commit_durably)
+    known = _by_hash(known_traces(database))
+    assert known == _by_hash(read_known(str(tmp_path / "db")))
+    assert [len(found) for found in known.values()] == [3]
+
+
 def test_a_commit_lands_in_the_shares_records_with_its_key(run_records, tmp_path):
     db = tmp_path / "db"
     db.mkdir()

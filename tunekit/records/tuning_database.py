@@ -34,8 +34,18 @@ def seeds_per_workload(population: int) -> int:
 class _Opened:
     db_dir: str
     scratch: str
-    known: dict  # {workload module: {trace key: (run_secs, tensorized)}} when it was opened
+    known: dict  # {workload module: {trace key: (run_secs, tensorized)}}: at the open, and every commit since
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def remember(self, mod, key: str, secs: list, tensorized: bool) -> None:
+        """A record committed since the open: a second search on this database (a client's next tune call)
+        must not measure it again."""
+        import tvm_ffi
+
+        found = next((v for k, v in self.known.items() if k.same_as(mod) or tvm_ffi.structural_equal(k, mod)), None)
+        if found is None:
+            found = self.known[mod] = {}
+        found[key] = (secs, tensorized)
 
 
 _OPENED: dict[str, _Opened] = {}  # scratch path -> the share it stands for
@@ -136,6 +146,7 @@ def commit_durably(database, record, *, key: tuple[str, bool] | None = None) -> 
             os.fsync(fh.fileno())
         lines = [text for text in added.decode().split("\n") if text.strip()]
         trace_keys.append_keys(opened.db_dir, [(trace_keys.line_id(text), key, mark) for text in lines])
+        opened.remember(record.workload.mod, key, [float(s) for s in (record.run_secs or [])], mark)
 
 
 def commit_workload_durably(database, mod):
