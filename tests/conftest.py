@@ -21,8 +21,8 @@ def has_gpu() -> bool:
     return gpu_present()
 
 
-# `make test` runs two workers (pytest -n 2 --dist loadgroup): a module's tests share a worker (its module fixtures
-# run once), and the modules that start Ray clusters share one, first (they are the longest group).
+# The modules that start Ray clusters are marked `ray`: `make test` runs them alone first, then the rest on two
+# workers (pytest -n 2 --dist loadgroup), where a module's tests share a worker (its module fixtures run once).
 _RAY_MODULES = {"test_coordinator", "test_faults_ray", "test_fleet", "test_task_fallback"}
 
 
@@ -36,6 +36,8 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _group(item) != "ray")  # stable: the order within a group is kept
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
+        if _group(item) == "ray":
+            item.add_marker(pytest.mark.ray)
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
