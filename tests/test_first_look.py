@@ -64,3 +64,33 @@ def test_the_first_look_ranks_valid_samples_by_the_cost_model_and_leaves_the_sea
     # the task's own search state is intact: the evolutionary search runs after the first look
     assert ctx.generate_measure_candidates()
     ctx.post_tuning()
+
+
+def test_a_search_goes_on_after_being_told_of_more_candidates_than_the_trial_budget(example_model, tmp_path):
+    """The loop tells a task's search of every candidate it proposed, the known ones too, and keeps the budget itself
+    (search_loop.start_search). With the budget as MetaSchedule's own limit, a search that had met one known
+    candidate gave nothing more and the run ended a trial short (test_engine's 11 of 12)."""
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+    from tvm.target import Target
+
+    from tunekit.clients.search_loop import start_search
+    from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
+    from tunekit.run.session import load_model
+
+    import_for_target("llvm")
+    prepare_metaschedule_logging()
+    target = Target({"kind": "llvm", "num-cores": 1})
+    task = next(t for t in extract_tasks(prepare_for_tuning(load_model(example_model).mod, target), target)
+                if "conv2d" in t.task_name)
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=16, genetic_num_iters=1, init_min_unmeasured=4)
+    (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts([task], str(tmp_path), strategy=strategy,
+                                                                      num_threads=1, seed=0)
+    trials = 4  # the run's --trials
+    start_search(ctx, picks=trials, design_spaces=ctx.generate_design_space(), database=ms.database.MemoryDatabase(),
+                 cost_model=ms.cost_model.RandomModel())
+    first = ctx.generate_measure_candidates()
+    assert first
+    # every pick, known or not, is heard of: as many as the budget
+    ctx.notify_runner_results(first[:1] * trials, [RunnerResult([1e-3], None)] * trials)
+    assert ctx.generate_measure_candidates()
+    ctx.post_tuning()

@@ -46,6 +46,7 @@ log = logging.getLogger("tunekit.search")
 # A task whose first batches all failed (every candidate, in this many batches) stops being tuned and keeps its
 # untuned kernel: its trials go to the rest of the model.
 FAILING_BATCHES = 3
+UNLIMITED_TRIALS = 1 << 30  # the search strategy's own trial limit: never reached (start_search)
 
 
 @dataclass
@@ -152,6 +153,14 @@ def _load_known(state: TaskState, found: dict) -> None:
         state.best_us, state.best_key = min(bests)
 
 
+def start_search(ctx, *, picks: int, design_spaces, database, cost_model) -> None:
+    """`ctx.pre_tuning` for the loop: `picks` candidates per search, and no trial limit of MetaSchedule's own. The loop
+    keeps the budget; MetaSchedule counts its trials from what it is notified of, known candidates included, and
+    with the budget as its limit a search that had met one known candidate stopped the run a trial short."""
+    ctx.pre_tuning(max_trials=UNLIMITED_TRIALS, num_trials_per_iter=picks, design_spaces=design_spaces,
+                   database=database, cost_model=cost_model)
+
+
 def untuned_module(ctx, target):
     """The task as the untuned model runs it: naive loops on CPU, DLight's default schedule on GPU."""
     if target.kind.name != "cuda":
@@ -251,9 +260,6 @@ class SearchLoop:
                     known[mod] = found
                 else:
                     existing.update(found)
-        # With several shares the loop keeps the budget: a share's search may be notified of more
-        # batches than it proposed (MetaSchedule counts its trials from those notifications).
-        max_trials = config.trials if budgets is None and not req.other_shares else 1 << 30
         tasks = []
         for i, (task, ctx, weight) in enumerate(zip(extracted, contexts, weights)):
             state = TaskState(i, task.task_name, float(weight), ctx, commit_workload_durably(lane.database, ctx.mod),
@@ -265,9 +271,8 @@ class SearchLoop:
                 state.fallback = f"design space: {error_line(str(exc))}"
                 log.warning("task %s keeps its untuned kernel: %s", task.task_name, state.fallback)
             else:
-                ctx.pre_tuning(max_trials=max_trials,
-                               num_trials_per_iter=config.trials_per_iter * config.search_batches_for(kind),
-                               design_spaces=spaces, database=lane.database, cost_model=lane.cost_model)
+                start_search(ctx, picks=config.trials_per_iter * config.search_batches_for(kind), design_spaces=spaces,
+                             database=lane.database, cost_model=lane.cost_model)
                 self._pre_tuned.append(ctx)
             state.budget = state.cap = config.trials if budgets is None else int(budgets[i])
             state.measured = state.resumed = _find(mine, ctx.mod, 0)
