@@ -29,7 +29,7 @@ demo: $(STAMP)
 	$(BIN)/tunekit example --out examples/tiny_cnn.onnx
 	$(BIN)/tunekit tune examples/tiny_cnn.onnx --cpu-pct 50 --trials 32 --resume  # a re-run adds 32 trials
 
-# the Ray tests alone (beside other tests they took 3.5 times as long: benchmarks/RESULTS.md), then the rest on two workers, where a
+# the Ray tests alone (beside the others they took 3.5 times as long: benchmarks/RESULTS.md), then the rest on two workers, where a
 # module's tests stay on one (tests/conftest.py); both run, and either failing fails
 test: $(STAMP)
 	status=0; \
