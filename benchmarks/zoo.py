@@ -597,7 +597,15 @@ def tune_row(step: str, name: str, ran: Ran, *, timeout: float) -> dict:
     return {**row, "untuned_ms": payload.get("untuned_ms"), "tuned_ms": payload.get("tuned_ms"),
             "trials": payload.get("trials"), "artifact": payload.get("artifact"),
             "precision": report.get("precision"), "tasks": len(report.get("tasks") or []),
-            "fallbacks": tune_fallbacks(report), "numerics": report.get("numerics")}
+            "fallbacks": tune_fallbacks(report), "numerics": report.get("numerics"),
+            "untuned_errors": untuned_errors(report), "session_failures": report.get("session_failures")}
+
+
+def untuned_errors(report: dict) -> dict[str, int]:
+    """{first line of the error: tasks} of the tasks whose untuned kernel failed (report tasks[].untuned_error)."""
+    lines = [first_line(str(t["untuned_error"])) for t in report.get("tasks") or []
+             if isinstance(t, dict) and t.get("untuned_error")]
+    return {line: lines.count(line) for line in dict.fromkeys(lines)}
 
 
 def tune_fallbacks(report: dict) -> list[list[str]]:

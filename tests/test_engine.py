@@ -308,3 +308,22 @@ def test_the_time_budget_covers_the_untuned_kernels_measured_before_the_search(e
     report = json.loads(proc.stdout)["report"]
     assert report["tasks"] and all(task["untuned_us"] is None for task in report["tasks"]), report["tasks"]
     assert report["trials"]["measured"] == 0 and os.path.getsize(report["artifact"]) > 0
+
+
+@pytest.mark.e2e
+def test_a_task_whose_untuned_kernel_fails_says_why_in_the_report_and_the_rest_keep_theirs(example_model, tmp_path,
+                                                                                            monkeypatch):
+    """inception_v3's fp32 baselines each failed on the GPU and nothing said why: each task's row keeps the error of
+    its untuned kernel (injected here at its build), one warning counts them, and the run goes on."""
+    from tunekit.clients.task_faults import ENV
+
+    monkeypatch.setenv(ENV, "untuned:conv2d")
+    proc = run_cli("tune", example_model, "--cpu-pct", "100", "--trials", "4", "--out", tmp_path / "run", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tasks = json.loads(proc.stdout)["report"]["tasks"]
+    failed = [t for t in tasks if "conv2d" in t["name"]]
+    assert failed and all(t["untuned_us"] is None and "injected untuned failure" in t["untuned_error"]
+                          and t["untuned_error"].startswith("build: ") for t in failed), failed
+    others = [t for t in tasks if "conv2d" not in t["name"]]
+    assert others and all(t["untuned_us"] is not None and "untuned_error" not in t for t in others), others
+    assert f"{len(failed)} task(s) have no untuned baseline" in proc.stderr

@@ -259,9 +259,12 @@ def test_check_summary_reads_other_spellings_and_survives_junk(zoo):
 
 def test_a_tune_rows_reads_the_report_and_a_failure_keeps_the_error_line(zoo):
     payload = {"untuned_ms": 2.0, "tuned_ms": 1.0, "trials": 8, "artifact": "/a/model.so",
-               "report": {"precision": "fp32", "tasks": [{"name": "a"}, {"name": "b", "fallback": "why\nmore"}]}}
+               "report": {"precision": "fp32", "session_failures": 2,
+                          "tasks": [{"name": "a", "untuned_error": "run: broke\nmore"}, {"name": "c", "untuned_error": "run: broke"},
+                                    {"name": "b", "fallback": "why\nmore"}]}}
     row = zoo.tune_row("cpu-tune", "resnet18", zoo.Ran(0, json.dumps(payload), "", 3.0), timeout=60)
-    assert (row["tuned_ms"], row["tasks"], row["fallbacks"], row["precision"]) == (1.0, 2, [["b", "why"]], "fp32")
+    assert (row["tuned_ms"], row["tasks"], row["fallbacks"], row["precision"]) == (1.0, 3, [["b", "why"]], "fp32")
+    assert (row["untuned_errors"], row["session_failures"]) == ({"run: broke": 2}, 2)  # why the baselines failed
     failed = zoo.tune_row("cpu-tune", "maxvit_t", zoo.Ran(1, "", "progress\ntunekit: internal error: X\n", 3.0),
                           timeout=60)
     assert failed["error"] == "tunekit: internal error: X" and "tuned_ms" not in failed

@@ -54,6 +54,7 @@ class TaskState:
     batches: int = 0          # batches that came back (cached-only ones included)
     best_us: float | None = None
     untuned_us: float | None = None
+    untuned_error: str | None = None  # why its untuned kernel (the per-task baseline) has no time
     history: list = field(default_factory=list)  # effective_us after each batch
     stale_batches: int = 0
     exhausted: bool = False

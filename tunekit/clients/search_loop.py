@@ -660,6 +660,7 @@ class SearchLoop:
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None,
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
+                 **({"untuned_error": t.untuned_error} if t.untuned_error else {}),
                  "negligible": t.negligible, **({"fallback": t.fallback} if t.fallback else {}),
                  "tensorized_trials": t.tensorized_trials,
                  "best_tensorized": t.best_tensorized, "best_trace": t.best_key,
@@ -685,6 +686,8 @@ class SearchLoop:
         from tvm.s_tir.meta_schedule.builder import BuilderInput
         from tvm.s_tir.meta_schedule.runner import RunnerInput
 
+        from .session_runner import is_not_measured
+
         inputs, owners = [], []
         for task in self.tasks:
             try:
@@ -697,7 +700,11 @@ class SearchLoop:
         self.phases.build_s += time.perf_counter() - t
         run_inputs, run_owners = [], []
         for task, result, inp in zip(owners, built, inputs):
-            if result.error_msg is None:
+            error = task_faults.injected("untuned", task.name) or result.error_msg
+            if error is not None:
+                callbacks.remove_artifact(result.artifact_path)
+                self._no_baseline(task, f"build: {error_line(error)}")
+            else:
                 func = next(iter(inp.mod.functions.values()))
                 try:
                     args_info = ArgInfo.from_prim_func(func)
@@ -712,11 +719,27 @@ class SearchLoop:
                 log.info("the time budget ran out while measuring the untuned kernels: %s and later tasks keep none",
                          task.name)
                 break
-            for lane in self.lanes:
-                lane.tasks[task.index].untuned_us = mean_run_us(self._results_by_share(future)[lane.label].run_secs)
+            for label, result in self._results_by_share(future).items():
+                self._lane(label).tasks[task.index].untuned_us = mean_run_us(result.run_secs)
+                if result.error_msg and not is_not_measured(result):
+                    self._no_baseline(task, f"run: {error_line(str(result.error_msg))}", label=label)
             self.runner.timings.pop(path, None)
             callbacks.remove_artifact(path)
         self.phases.wait_s += time.perf_counter() - t
+        failed = [t for t in self.tasks if t.untuned_error]
+        if failed:
+            log.warning("%d task(s) have no untuned baseline (report tasks[].untuned_error); %s: %s", len(failed),
+                        failed[0].name, failed[0].untuned_error)
+
+    def _lane(self, label: str) -> ShareLane:
+        return next(lane for lane in self.lanes if lane.label == label)
+
+    def _no_baseline(self, task: TaskState, error: str, *, label: str | None = None) -> None:
+        """`task`'s untuned kernel failed (at `label`'s share, else at every share): why, for the report."""
+        for lane in self.lanes:
+            if label is None or lane.label == label:
+                lane.tasks[task.index].untuned_error = lane.tasks[task.index].untuned_error or error
+        log.info("no untuned baseline for %s: %s", task.name, error)
 
 
 def run_search(request: SearchRequest, *, builder, runner, cost_model, search_threads: int,
