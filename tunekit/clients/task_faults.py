@@ -3,9 +3,10 @@ model is tuned (the real model, the real engine; nothing else changes).
 
 TUNEKIT_INJECT_TASK_FAULT="<stage>:<part of a task name>[,...]" makes that stage fail for every task whose name
 contains the part. Stages: design_space (making its design space raises), search (its search raises), build
-(every candidate of it fails to build), untuned (its untuned kernel, the per-task baseline, fails to build), wrong_kernel (its tuned kernel, once applied to the model, fills its output
-with ones: a record that builds and runs but computes the wrong thing), crash_kernel (its tuned kernel, applied,
-aborts the process that runs the model; CPU targets)."""
+(every candidate of it fails to build), untuned (its untuned kernel, the per-task baseline, fails to build),
+wrong_kernel (its tuned kernel, once applied to the model, fills its output with ones: a record that builds and runs
+but computes the wrong thing), crash_kernel (its tuned kernel, applied, aborts the process that runs the model; CPU
+targets)."""
 from __future__ import annotations
 
 import os

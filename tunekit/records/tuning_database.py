@@ -42,7 +42,10 @@ class _Opened:
         must not measure it again."""
         import tvm_ffi
 
-        found = next((v for k, v in self.known.items() if k.same_as(mod) or tvm_ffi.structural_equal(k, mod)), None)
+        # the same object first (every commit of a task after its first): structural equality only for a new one
+        found = next((v for k, v in self.known.items() if k.same_as(mod)), None)
+        if found is None:
+            found = next((v for k, v in self.known.items() if tvm_ffi.structural_equal(k, mod)), None)
         if found is None:
             found = self.known[mod] = {}
         found[key] = (secs, tensorized)
