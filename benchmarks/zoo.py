@@ -596,7 +596,8 @@ def tune_row(step: str, name: str, ran: Ran, *, timeout: float) -> dict:
     report = payload.get("report") or {}
     return {**row, "untuned_ms": payload.get("untuned_ms"), "tuned_ms": payload.get("tuned_ms"),
             "trials": payload.get("trials"), "artifact": payload.get("artifact"),
-            "precision": report.get("precision"), "tasks": len(report.get("tasks") or []),
+            "precision": report.get("precision"), "precision_fallback": report.get("precision_fallback"),
+            "tasks": len(report.get("tasks") or []),
             "fallbacks": tune_fallbacks(report), "numerics": report.get("numerics"),
             "untuned_errors": untuned_errors(report), "session_failures": report.get("session_failures")}
 
@@ -981,6 +982,9 @@ def _notes(model: Model, journal: Journal, torch40, torch100, *, gpu_pct: int) -
             why = row.get("error") or f"{len(problems)} problem(s), first: {first_line(str(problems[0]))}"
             notes.append(f"{step}: {why[:160]}")
             break
+    fell_back = (journal.get("gpu-tune", model.name) or {}).get("precision_fallback")
+    if fell_back:  # why `--precision auto` tuned this model in fp32
+        notes.append(f"fp32 because: {first_line(str(fell_back))[:160]}")
     for label, row in ((f"{gpu_pct}%", torch40), ("100%", torch100)):
         if wrong_variants(row):
             notes.append(f"PyTorch wrong at {label}: {', '.join(wrong_variants(row))}")

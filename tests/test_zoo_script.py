@@ -185,8 +185,8 @@ def _rows():
         {"step": "gpu-bench", "model": "efficientnet_b0", "error": "no artifact (the tune failed)"},
         {"step": "torch-gpu40", "model": "efficientnet_b0", "variants": {"graphs-fp32": _variant(0.3)}},
         # mobilenet_v2: beats both
-        {"step": "gpu-tune", "model": "mobilenet_v2", "rc": 0, "precision": "fp16", "untuned_ms": 0.3, "tuned_ms": 0.12,
-         "fallbacks": [["fused_conv2d9", "ScheduleError: split"]]},
+        {"step": "gpu-tune", "model": "mobilenet_v2", "rc": 0, "precision": "fp32", "untuned_ms": 0.3, "tuned_ms": 0.12,
+         "fallbacks": [["fused_conv2d9", "ScheduleError: split"]], "precision_fallback": "fp16 refused: NaN\nmore"},
         {"step": "torch-gpu40", "model": "mobilenet_v2", "variants": {"graphs-fp32": _variant(0.3)}},
         {"step": "torch-gpu100", "model": "mobilenet_v2", "variants": {"graphs-fp16": _variant(0.2)}},
         {"step": "export", "model": "gpt2", "error": "TypeError: cannot trace"},
@@ -225,7 +225,7 @@ def test_the_table_counts_only_correct_pytorch_variants_and_renders_failed_rows(
     assert "gpu-tune: tunekit: internal error: Back / optional" in eff[11]  # a | would break the row
     mv2 = _cells(text, "mobilenet_v2")
     assert mv2[3] == "1: fused_conv2d9: ScheduleError: split" and mv2[6] == "0.120"
-    assert mv2[9] == "0.40" and mv2[10] == "0.60"
+    assert mv2[9] == "0.40" and mv2[10] == "0.60" and mv2[11] == "fp32 because: fp16 refused: NaN"
     assert _cells(text, "gpt2")[11] == "export: TypeError: cannot trace"
     swin = _cells(text, "swin_t")
     assert swin[2:5] == ["fp32 (check)", "0", "1 (compact)"]
@@ -259,12 +259,13 @@ def test_check_summary_reads_other_spellings_and_survives_junk(zoo):
 
 def test_a_tune_rows_reads_the_report_and_a_failure_keeps_the_error_line(zoo):
     payload = {"untuned_ms": 2.0, "tuned_ms": 1.0, "trials": 8, "artifact": "/a/model.so",
-               "report": {"precision": "fp32", "session_failures": 2,
+               "report": {"precision": "fp32", "session_failures": 2, "precision_fallback": "fp16 refused\nmore",
                           "tasks": [{"name": "a", "untuned_error": "run: broke\nmore"}, {"name": "c", "untuned_error": "run: broke"},
                                     {"name": "b", "fallback": "why\nmore"}]}}
     row = zoo.tune_row("cpu-tune", "resnet18", zoo.Ran(0, json.dumps(payload), "", 3.0), timeout=60)
     assert (row["tuned_ms"], row["tasks"], row["fallbacks"], row["precision"]) == (1.0, 3, [["b", "why"]], "fp32")
     assert (row["untuned_errors"], row["session_failures"]) == ({"run: broke": 2}, 2)  # why the baselines failed
+    assert row["precision_fallback"] == "fp16 refused\nmore"  # why auto tuned in fp32
     failed = zoo.tune_row("cpu-tune", "maxvit_t", zoo.Ran(1, "", "progress\ntunekit: internal error: X\n", 3.0),
                           timeout=60)
     assert failed["error"] == "tunekit: internal error: X" and "tuned_ms" not in failed
