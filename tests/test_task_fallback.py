@@ -77,13 +77,14 @@ def test_with_several_shares_every_share_reports_the_tasks_that_fell_back(exampl
 
 
 def test_a_tuned_kernel_that_crashes_the_model_keeps_its_task_untuned(example_model, tmp_path, monkeypatch):
-    """The tuned build aborts the latency worker that times it: the crashing record is found (run.numerics_repair)
-    and left out, its task keeps the untuned kernel, the other conv stays tuned."""
+    """The tuned build crashes the latency worker that times it (SIGSEGV): the crashing record is found
+    (run.numerics_repair) and left out, its task keeps the untuned kernel, the other conv stays tuned; the row names
+    the signal and TVM's crash banner, not the last frame of the backtrace that follows it."""
     result, stderr = _tune(example_model, tmp_path / "crash", monkeypatch, f"crash_kernel:{CONV0}")
     report = result["report"]
     rows = _rows(report)
     assert rows[CONV0]["fallback"].startswith("its tuned kernel broke the model: latency measurement at cpu100 "
-                                              "failed: the worker died"), rows[CONV0]
+                                              "failed: the worker died (SIGSEGV): Segfault encountered"), rows[CONV0]
     assert rows[CONV0]["record_applied"] is False and rows[CONV1]["record_applied"] is True, rows
     assert report["fallback_tasks"] == 1 and report["numerics"]["tuned"][0]["cosine"] > 0.9999
     _warned(stderr, 1)

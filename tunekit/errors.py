@@ -26,6 +26,21 @@ def error_line(error: str | None) -> str:
     return (said or lines or ["(no error message)"])[-1][:200]
 
 
+# what a process prints as it crashes natively (TVM FFI's SIGSEGV handler, CPython, the CUDA driver), ahead of
+# a backtrace whose last line names only a frame
+CRASH_MARKERS = ("Segfault encountered", "Fatal Python error", "Segmentation fault", "CUDA_ERROR_",
+                 "illegal memory access", "misaligned address", "Aborted")
+
+
+def crash_line(stderr: str | None) -> str:
+    """The line of a dead process's stderr that says how it died: the first that names a native crash,
+    else error_line's."""
+    for line in str(stderr or "").splitlines():
+        if any(marker in line for marker in CRASH_MARKERS):
+            return line.strip().strip("!").strip()[:200]
+    return error_line(stderr)
+
+
 def one_line(text: str) -> str:
     """A message as one line: itself, or its first line and the line of the rest that says what went wrong."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]

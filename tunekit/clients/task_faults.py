@@ -5,11 +5,12 @@ TUNEKIT_INJECT_TASK_FAULT="<stage>:<part of a task name>[,...]" makes that stage
 contains the part. Stages: design_space (making its design space raises), search (its search raises), build
 (every candidate of it fails to build), untuned (its untuned kernel, the per-task baseline, fails to build),
 wrong_kernel (its tuned kernel, once applied to the model, fills its output with ones: a record that builds and runs
-but computes the wrong thing), crash_kernel (its tuned kernel, applied, aborts the process that runs the model; CPU
-targets)."""
+but computes the wrong thing), crash_kernel (its tuned kernel, applied, crashes the process that runs the model with SIGSEGV, as
+a kernel that reads out of bounds does; CPU targets)."""
 from __future__ import annotations
 
 import os
+import signal
 
 ENV = "TUNEKIT_INJECT_TASK_FAULT"
 STAGES = ("design_space", "search", "build", "untuned", "wrong_kernel", "crash_kernel")
@@ -35,7 +36,7 @@ def applied_fault(task_name: str) -> str | None:
 
 def faulty_kernels(mod):
     """`mod` (records applied) with each tuned function of a wrong_kernel task replaced by one of the same
-    signature that fills its output with ones, and of a crash_kernel task by one that aborts; untuned functions
+    signature that fills its output with ones, and of a crash_kernel task by one that raises SIGSEGV; untuned functions
     are left alone."""
     faults = [(stage, part) for stage, part in _items() if stage in APPLIED_STAGES]
     if not faults:
@@ -45,18 +46,18 @@ def faulty_kernels(mod):
     for gvar, func in list(mod.functions_items()):
         stage = next((stage for stage, part in faults if part in gvar.name_hint), None)
         if stage and isinstance(func, tirx.PrimFunc) and int((func.attrs or {}).get("tirx.is_scheduled", 0)) == 1:
-            mod[gvar] = (_ones if stage == "wrong_kernel" else _abort)(func).with_attr("global_symbol", gvar.name_hint)
+            mod[gvar] = (_ones if stage == "wrong_kernel" else _crash)(func).with_attr("global_symbol", gvar.name_hint)
     return mod
 
 
-def _abort(func):
+def _crash(func):
     from tvm import te, tirx
 
     buffers = list(func.params)
     inputs = [te.placeholder(buf.shape, buf.dtype, f"in{i}") for i, buf in enumerate(buffers[:-1])]
     out = buffers[-1]
-    crash = te.extern([out.shape], inputs, lambda ins, outs: tirx.Evaluate(tirx.call_extern("int32", "abort")),
-                      dtype=[out.dtype], name="abort")
+    segv = tirx.call_extern("int32", "raise", int(signal.SIGSEGV))
+    crash = te.extern([out.shape], inputs, lambda ins, outs: tirx.Evaluate(segv), dtype=[out.dtype], name="crash")
     return te.create_prim_func([*inputs, crash])
 
 

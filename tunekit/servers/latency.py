@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-from ..errors import RunFailed, error_line
+from ..errors import RunFailed, crash_line, error_line
 from ..shares.pinning import PinnedEnv
 from .latency_worker import READY, REPLY
 
@@ -110,9 +111,12 @@ class LatencyProcess:
                 return line.rstrip("\n")
 
     def _fail(self, why: str):
+        proc = self._proc
         stderr = self._stop()
+        if why == "died" and proc is not None and (proc.returncode or 0) < 0:  # a native crash: name its signal
+            why = f"died ({_signal_name(-proc.returncode)})"
         raise LatencyFailed(f"latency measurement at {self.pinned.share.label} failed: the worker {why}"
-                            + (f": {error_line(stderr)}" if stderr else ""))
+                            + (f": {crash_line(stderr)}" if stderr else ""))
 
     def _stop(self) -> str:
         """Stop the worker; the end of what it wrote to stderr."""
@@ -129,7 +133,7 @@ class LatencyProcess:
         tail = ""
         if self._stderr is not None:
             self._stderr.seek(0)
-            tail = self._stderr.read().strip()[-400:]
+            tail = self._stderr.read().strip()[-20000:]  # a native crash's banner precedes its backtrace
             self._stderr.close()
             self._stderr = None
         return tail
@@ -150,6 +154,13 @@ class LatencyProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _pump(stream, lines: queue.Queue) -> None:
