@@ -1,5 +1,6 @@
-"""The fused attention kernel alone (tunekit/frontend/attention_kernel.py), its tensor-core and its
-CUDA-core body: µs per call at MPS shares.
+"""The fused attention kernel alone (tunekit/frontend/attention_kernel.py), each body that can run the shape
+(tensor cores, CUDA cores, or where K and V do not fit a block the key-tiled one): µs per call at MPS shares, and
+its largest error against numpy in fp64.
 
 BERT-base's shapes by default (Q, K, V read in place from the combined [1, S, 3 * H * D] projection
 output, a [1, 1, S, S] mask). Each share's timing runs in a process pinned to the share (tunekit's
@@ -7,6 +8,7 @@ share session: its own MPS daemon), with TVM's time_evaluator (`--number` back-t
 median of `--repeat`). Needs a GPU.
 
   python benchmarks/attention_kernel.py --gpu-pct 40,100 [--heads 12 --seq 128 --dim 64] [--json F]
+  python benchmarks/attention_kernel.py --gpu-pct 40 --seq 197      # ViT-B/16: the key-tiled body
 """
 from __future__ import annotations
 
@@ -48,17 +50,34 @@ def worker(args) -> None:
     qkv = tvm.runtime.tensor(rng.standard_normal(spec.q.shape).astype("float16"), device=dev)
     mask = tvm.runtime.tensor(np.zeros(spec.mask.shape, "float16"), device=dev)
     out = tvm.runtime.tensor(np.zeros((1, spec.seq, spec.heads, spec.head_dim), "float16"), device=dev)
-    for tensor_cores in (True, False):
-        shape = plan(spec, tensor_cores=tensor_cores)
+    want = reference(spec, qkv.numpy())
+    # every body that can run this shape: all keys at once (tensor cores, CUDA cores), or a tile at a time
+    bodies = [("mma" if tc else "simt", {"tensor_cores": tc}) for tc in (True, False) if plan(spec, tensor_cores=tc)]
+    if plan(spec) is None and plan(spec, key_tiles=True) is not None:
+        bodies.append(("flash", {"key_tiles": True}))
+    for body, options in bodies:
+        shape = plan(spec, **options)
         with target:
-            kernel = attention_kernel(spec, tensor_cores=tensor_cores)
+            kernel = attention_kernel(spec, **options)
             lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
         timer = lib.mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
         secs = sorted(timer(qkv, qkv, qkv, mask, out).results)
-        print(json.dumps({"body": "mma" if shape.tensor_cores else "simt", "median_us": round(secs[len(secs) // 2] * 1e6, 3),
+        got = out.numpy().astype(np.float64).transpose(0, 2, 1, 3)
+        print(json.dumps({"body": body, "median_us": round(secs[len(secs) // 2] * 1e6, 3),
                           "min_us": round(secs[0] * 1e6, 3), "blocks": shape.query_tiles * spec.heads,
-                          "threads": shape.threads, "shared_bytes": shape.shared_bytes,
-                          "sm_count": dev.multi_processor_count}))
+                          "threads": shape.threads, "shared_bytes": shape.shared_bytes, "key_tile": shape.key_tile,
+                          "max_abs_err": float(np.abs(got - want).max()), "sm_count": dev.multi_processor_count}))
+
+
+def reference(spec, qkv):
+    """softmax(Q K^T scale) V in fp64, [B, H, S, D], of bert_like's combined projection (the mask is zeros)."""
+    import numpy as np
+
+    parts = qkv.astype(np.float64).reshape(1, spec.seq, 3, spec.heads, spec.head_dim).transpose(2, 0, 3, 1, 4)
+    k, q, v = parts  # K first, as frontend.combine orders them
+    s = np.einsum("bhid,bhjd->bhij", q, k) * spec.scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhij,bhjd->bhid", p / p.sum(-1, keepdims=True), v)
 
 
 def main(argv=None) -> None:

@@ -35,8 +35,8 @@ def _mask_operand(shape):
     return Operand(tuple(shape), F16, 0, tuple(0 if d == 1 else s for d, s in zip(padded, _strides(padded))))
 
 
-def _run_on_cpu(spec, *arrays, tensor_cores=True):
-    kernel = attention_kernel(spec, gpu=False, tensor_cores=tensor_cores)
+def _run_on_cpu(spec, *arrays, tensor_cores=True, key_tiles=False):
+    kernel = attention_kernel(spec, gpu=False, tensor_cores=tensor_cores, key_tiles=key_tiles)
     lib = tvm.compile(tvm.IRModule({"main": kernel}), target=Target({"kind": "llvm"}))
     out = tvm.runtime.tensor(np.zeros((spec.batch, spec.seq, spec.heads, spec.head_dim), F16))
     lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
@@ -100,6 +100,55 @@ def test_attention_that_does_not_fit_a_block_is_not_planned():
     big = Operand((1, 1024, 2304), F16, 0, (1024 * 2304, 64, 2304, 1))
     spec = Attention(1, 12, 1024, 1024, 64, big, big, big, _mask_operand((1,)), 0.125)
     assert plan(spec) is None
+    assert plan(spec, key_tiles=True).key_tile == 128  # unless the keys may go through a tile at a time
+    odd = Operand((1, 1024, 3 * 12 * 48), F16, 0, (1024 * 1728, 48, 1728, 1))  # head dim 48: no tensor-core body
+    assert plan(Attention(1, 12, 1024, 1024, 48, odd, odd, odd, _mask_operand((1,)), 0.125), key_tiles=True) is None
+
+
+def _projection_case(*, seq, heads, dim, mask, seed=0):
+    """(spec, qkv, expected [B, H, S, D]): Q, K, V read in place from one [1, S, 3 H D] projection, `mask` [1, 1, S, S]."""
+    c = 3 * heads * dim
+    qkv = np.random.default_rng(seed).standard_normal((1, seq, c)).astype(F16)
+
+    def view(offset):
+        return Operand((1, seq, c), F16, offset, (seq * c, dim, c, 1))
+
+    spec = Attention(1, heads, seq, seq, dim, view(heads * dim), view(0), view(2 * heads * dim),
+                     _mask_operand(mask.shape), dim ** -0.5)
+    parts = qkv.reshape(1, seq, 3, heads, dim).transpose(2, 0, 3, 1, 4)  # [K|Q|V, B, H, S, D]
+    return spec, qkv, _reference(parts[1], parts[0], parts[2], mask, dim ** -0.5)
+
+
+@pytest.mark.parametrize("seq,dim,causal", [(197, 64, False), (512, 64, False), (200, 128, True)])
+def test_key_tiled_kernel_matches_the_reference_past_what_one_block_holds(seq, dim, causal):
+    """attention_flash (keys a tile at a time, online softmax) where K and V do not fit one block: ViT-B/16's 197
+    keys (the last tile part padding), BERT's 512 (four tiles), and a causal mask (GPT-2) at head dim 128 with a row
+    masked everywhere, which gives zeros. Tiles of 128 keys, 64 at head dim 128."""
+    mask = np.zeros((1, 1, seq, seq), F16)
+    if causal:
+        mask[0, 0] = np.where(np.tril(np.ones((seq, seq), bool)), 0, -np.inf).astype(F16)
+        mask[0, 0, 3, :] = -np.inf
+    spec, qkv, want = _projection_case(seq=seq, heads=2, dim=dim, mask=mask)
+    shape = plan(spec, key_tiles=True)
+    assert plan(spec) is None and shape.key_tile == (64 if dim == 128 else 128)
+    got = _run_on_cpu(spec, qkv, qkv, qkv, mask, key_tiles=True)
+    if causal:
+        assert np.abs(got[0, :, 3]).max() == 0
+    np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
+
+
+def test_key_tiled_kernel_compiles_for_a_hopper_gpu_without_one():
+    """The GPU build of attention_flash (thread bindings, shared memory, mma.sync), as CUDA source and then PTX by
+    NVRTC for sm_90a, at ViT-B/16's shape: a tile loop around the phases lowers with the barriers it needs."""
+    from tunekit.readiness import gpu_arch_target
+    from tunekit.testing.kernels import cuda_source, nvrtc_ptx, nvrtc_unavailable
+
+    spec, _, _ = _projection_case(seq=197, heads=12, dim=64, mask=np.zeros((1, 1, 197, 197), F16))
+    code = cuda_source(tvm.IRModule({"main": attention_kernel(spec, key_tiles=True)}), gpu_arch_target("sm_90"))
+    assert "mma.sync.aligned.m16n8k16" in code and code.count("__syncthreads()") >= 4
+    if nvrtc_unavailable() is not None:
+        pytest.skip(nvrtc_unavailable())
+    assert ".entry" in nvrtc_ptx(code)
 
 
 def _attention_onnx(path: str, *, seq: int, heads: int = 2, dim: int = 16, axis: int = -1) -> str:
@@ -158,6 +207,29 @@ def test_an_attention_graph_becomes_one_kernel_and_computes_the_same(tmp_path):
         assert not [n for n in names if n.startswith("fused_attention")] and [n for n in names if "softmax" in n]
 
 
+def test_a_long_attention_becomes_one_key_tiled_kernel_and_computes_the_same(tmp_path):
+    """Sequence 1024 (K and V do not fit a block) with key_tiles: one kernel that passes over the keys in tiles,
+    which compiled for the CPU computes what onnxruntime does in fp32, the padding mask included."""
+    from tvm import relax
+
+    from tunekit.frontend.attention import fuse_attention
+    from tunekit.frontend.precision import convert
+    from tunekit.numerics import check, compare_outputs
+    from tunekit.run.session import load_model
+
+    model = load_model(_attention_onnx(str(tmp_path / "long.onnx"), seq=1024, dim=64))
+    half = convert(model.mod, "fp16", target_kind="llvm", fuse_attention=False)
+    assert fuse_attention(half, gpu=False)[1] == 0
+    fused, count = fuse_attention(half, gpu=False, key_tiles=True)
+    names = _launches(fused)
+    assert count == 1 and [n for n in names if n.startswith("fused_attention")] and \
+        not [n for n in names if "softmax" in n], names
+    vm = relax.VirtualMachine(tvm.compile(fused, target=Target("llvm")), tvm.cpu())
+    sample = model.inputs.random(seed=5)
+    out = vm["main"](*[tvm.runtime.tensor(sample[n]) for n in "qkv"]).numpy()
+    check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
+
+
 def test_the_fused_kernel_is_built_as_written_and_never_searched(tmp_path):
     """Extraction lists the hand-written kernel as a task too, marked on its PrimFunc (the module's
     attrs are empty): the tuner must skip it (searching it crashed a BERT tune on the H100)."""
@@ -190,6 +262,29 @@ def test_gpu_kernel_computes_the_attention(tensor_cores):
         lib = tvm.compile(tvm.IRModule({"main": attention_kernel(spec, tensor_cores=tensor_cores)}), target=target)
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.zeros((spec.batch, spec.seq, spec.heads, spec.head_dim), F16), device=dev)
+    lib["main"](*[tvm.runtime.tensor(a, device=dev) for a in (qkv, qkv, qkv, mask)], out)
+    np.testing.assert_allclose(out.numpy().transpose(0, 2, 1, 3).astype(np.float64), want, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq,dim,causal", [(197, 64, False), (512, 64, False), (200, 128, True)])
+def test_gpu_key_tiled_kernel_computes_the_attention(seq, dim, causal):
+    """The GPU build of the key-tiled body on the device, against numpy (its fragments and barriers across tiles)."""
+    import os
+
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
+    mask = np.zeros((1, 1, seq, seq), F16)
+    if causal:
+        mask[0, 0] = np.where(np.tril(np.ones((seq, seq), bool)), 0, -np.inf).astype(F16)
+    spec, qkv, want = _projection_case(seq=seq, heads=12, dim=dim, mask=mask)
+    target = target_for(Share("gpu", 100))
+    with target:
+        lib = tvm.compile(tvm.IRModule({"main": attention_kernel(spec, key_tiles=True)}), target=target)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.zeros((1, seq, 12, dim), F16), device=dev)
     lib["main"](*[tvm.runtime.tensor(a, device=dev) for a in (qkv, qkv, qkv, mask)], out)
     np.testing.assert_allclose(out.numpy().transpose(0, 2, 1, 3).astype(np.float64), want, atol=2e-3, rtol=1e-2)
 

@@ -9,8 +9,6 @@ the symbols, the CUDA source TVM emits, and NVRTC's compile of it where .nvrtcsi
 from __future__ import annotations
 
 import collections
-import ctypes
-import glob
 import json
 import lzma
 import os
@@ -84,40 +82,14 @@ def _cuda_source(mod, target) -> str:
     return cuda_source(mod, target)
 
 
-def _nvrtc_ready() -> str | None:
-    """None when NVRTC and the CUDA headers can be used from this process, else why not (as
-    tests/test_cuda_compile.py: `make test` puts NVRTC into .nvrtcsite, outside the venv)."""
-    site = os.path.join(os.path.dirname(HERE), ".nvrtcsite")
-    if os.path.isdir(site) and site not in sys.path:
-        sys.path.append(site)
-        for lib in glob.glob(os.path.join(site, "nvidia", "cu*", "lib", "libnvrtc.so.*")):
-            if "builtins" not in lib:  # cuda-bindings looks in site-packages or the system only
-                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-    try:
-        from cuda.bindings import nvrtc
-        from tvm.support.nvcc import find_cuda_path
-
-        nvrtc.nvrtcVersion()
-        if not os.path.isfile(os.path.join(find_cuda_path(), "include", "cuda_runtime.h")):
-            if not os.path.isfile("/usr/local/cuda/include/cuda_runtime.h"):
-                return "no CUDA headers"
-            os.environ["CUDA_PATH"] = "/usr/local/cuda"
-    except Exception as exc:  # ImportError, a missing libnvrtc, no CUDA toolkit
-        return f"NVRTC unavailable: {str(exc).splitlines()[0][:120]}"
-    return None
-
-
 def _nvrtc_compile(code: str) -> None:
     """NVRTC compiles `code` for sm_90a (skipped where NVRTC is not usable)."""
-    missing = _nvrtc_ready()
+    from tunekit.testing.kernels import nvrtc_ptx, nvrtc_unavailable
+
+    missing = nvrtc_unavailable()
     if missing is not None:
         pytest.skip(missing)
-    from tvm.support import nvcc
-
-    from tunekit.clients.cuda_compile import compile_lean
-
-    assert ".entry" in bytes(compile_lean(code, arch="compute_90a", cuda_path=nvcc.find_cuda_path(),
-                                          target_format="ptx")).decode()
+    assert ".entry" in nvrtc_ptx(code)
 
 
 def _assert_one_definition_each(code: str, symbols) -> None:

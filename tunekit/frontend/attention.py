@@ -13,8 +13,8 @@ tunekit's example transformer both have this shape once frontend.half has run):
 The context is written as [B, S, H, D]; the graph's own permute_dims back to that order and its
 cast then cancel (`_Cancel`), and the reshape to [B, S, H * D] that the output projection reads is
 free. A mask may be any fp16/fp32 tensor that broadcasts to the scores. Anything else (another
-softmax axis, a non-scalar scale, a shape whose K and V do not fit a thread block) is left as it
-was. fp16 graphs only: they are what tunekit runs on GPUs.
+softmax axis, a non-scalar scale, a shape whose K and V do not fit a thread block unless `key_tiles`) is left
+as it was. fp16 graphs only: they are what tunekit runs on GPUs.
 """
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def _contiguous(shape) -> list[int]:
 
 @mutator
 class FuseAttention(PyExprMutator):
-    def __init__(self, mod, gpu: bool):
+    def __init__(self, mod, gpu: bool, key_tiles: bool = False):
         super().__init__(mod)
-        self.gpu = gpu
+        self.gpu, self.key_tiles = gpu, key_tiles
         self.fused = 0
 
     def _made_by(self, expr):
@@ -238,9 +238,10 @@ class FuseAttention(PyExprMutator):
             return None
         spec = Attention(batch, heads, seq, scores_shape[3], dim, q[1], k[1], vv[1], mask_operand,
                          q[2] * k[2] * post_scale)
-        if plan(spec) is None or not math.isfinite(spec.scale):
+        if plan(spec, key_tiles=self.key_tiles) is None or not math.isfinite(spec.scale):
             return None
-        func = self.builder_.add_func(attention_kernel(spec, gpu=self.gpu), "fused_attention")
+        func = self.builder_.add_func(attention_kernel(spec, gpu=self.gpu, key_tiles=self.key_tiles),
+                                      "fused_attention")
         out = self.builder_.emit(relax.call_tir(func, (q[0], k[0], vv[0], mask),
                                                 relax.TensorType((batch, seq, heads, dim), F16)))
         self.fused += 1
@@ -277,11 +278,13 @@ class _Cancel(PyExprMutator):
         return call
 
 
-def fuse_attention(mod, *, gpu: bool = True):
+def fuse_attention(mod, *, gpu: bool = True, key_tiles: bool = False):
     """(`mod` with each matched attention one kernel (module doc), how many were fused). `gpu=False`:
-    kernels with serial loops for a CPU (attention_kernel), to check numerics where no GPU is."""
+    kernels with serial loops for a CPU (attention_kernel), to check numerics where no GPU is. `key_tiles`: also
+    the attentions whose K and V do not fit a block, with the key-tiled kernel (frontend.attention_flash; not yet
+    what tunekit's preparation asks for: its speed against the tuned unfused graph is unmeasured)."""
     mod = mod.clone()
-    rewriter = FuseAttention(mod, gpu)
+    rewriter = FuseAttention(mod, gpu, key_tiles)
     main = rewriter.visit_expr(mod["main"])
     if not rewriter.fused:
         return mod, 0

@@ -13,7 +13,8 @@ One thread block per (batch, head, tile of ROWS query rows). Two bodies, chosen 
 - attention_simt: CUDA cores, 16 threads per query row, fp32 arithmetic; any head dim.
 They are written by hand (`tirx.is_scheduled`: MetaSchedule and DLight leave them alone) because
 MetaSchedule's rules never put several reductions into one kernel. `plan` says None for shapes
-whose K and V do not fit a block's shared memory; those keep the unfused graph.
+whose K and V do not fit a block's shared memory; those keep the unfused graph, unless `key_tiles` asks for
+attention_flash, which passes over the keys a tile at a time with an online softmax (head dims a multiple of 32).
 
 `attention_kernel(..., gpu=False)` is the same loop nest with serial loops in place of the thread
 bindings (each phase's loop over threads runs to the end before the next starts, as the barrier
@@ -23,6 +24,7 @@ owns are the same, the fragments they are gathered from are checked on the GPU o
 """
 from __future__ import annotations
 
+from .attention_flash import attention_flash
 from .attention_mma import attention_mma
 from .attention_simt import attention_simt
 from .attention_spec import Attention, Operand, Plan, plan
@@ -30,9 +32,10 @@ from .attention_spec import Attention, Operand, Plan, plan
 __all__ = ["Attention", "Operand", "Plan", "attention_kernel", "plan"]
 
 
-def attention_kernel(spec: Attention, *, gpu: bool = True, tensor_cores: bool = True):
+def attention_kernel(spec: Attention, *, gpu: bool = True, tensor_cores: bool = True, key_tiles: bool = False):
     """The PrimFunc (q_src, k_src, v_src, mask, out[B, S, H, D] fp16) for `spec` (module doc)."""
-    shape = plan(spec, tensor_cores=tensor_cores)
+    shape = plan(spec, tensor_cores=tensor_cores, key_tiles=key_tiles)
     if shape is None:
         raise ValueError("attention does not fit one thread block's shared memory")
-    return (attention_mma if shape.tensor_cores else attention_simt)(spec, shape, gpu=gpu)
+    body = attention_flash if shape.key_tile else attention_mma if shape.tensor_cores else attention_simt
+    return body(spec, shape, gpu=gpu)

@@ -35,11 +35,13 @@ def attention_mma(spec: Attention, shape: Plan, *, gpu: bool):
         # The scores live in registers from the first product to the softmax: one array per thread on
         # the GPU; on the CPU, where the threads of a phase run one after the other, one row per thread.
         slots=1 if gpu else shape.threads)
-    products = _products_mma(c) if gpu else _products_loops(c)
-    return loops.kernel(_block(c, _scores(c, products[0]), _softmax(c), _context(c, products[1])))
+    products = products_mma(c) if gpu else products_loops(c)
+    return loops.kernel(_block(c, scaled_scores(c, products[0]), _softmax(c), _context(c, products[1])))
 
 
-def _slot(c):
+def slot_of(c):
+    """A thread's row of per-thread state that lives across phases: its own registers on the GPU (one row), row tx
+    on the CPU (the threads of a phase run one after the other)."""
     return (lambda tx: 0) if c.gpu else (lambda tx: tx)
 
 
@@ -64,15 +66,16 @@ def _block(c, scores, softmax, context):
             loops.load_rows(Qs, qf, q, ROWS, i0, S, VQ, DROW, b, h, tx)
             loops.load_rows(Ks, kf, k, KP, 0, SK, VK, DROW, b, h, tx)
             loops.load_rows(Vs, vf, v, KP, 0, SK, VV, DROW, b, h, tx)
-        scores(Qs, Ks, acc, row_max, mf, b, h, i0)
+        scores(Qs, Ks, acc, row_max, mf, b, h, i0, 0)
         softmax(acc, E, row_max, row_sum)
         context(E, Vs, row_sum, out, b, h, i0)
 
     return block
 
 
-def _products_mma(c):
-    """(Q K^T, E V) on tensor cores: per thread, its C elements of the warp's n-tiles."""
+def products_mma(c):
+    """(Q K^T, E V) on tensor cores: per thread, its C elements of the warp's n-tiles, accumulated into row `s` of
+    its accumulator (c.KP keys: all of them, or one key tile of frontend.attention_flash)."""
     from tvm.script import tirx as T
 
     D, KP, KW, NKT, NDT, DROW, EROW = c.D, c.KP, c.KW, c.NKT, c.NDT, c.DROW, c.EROW
@@ -92,8 +95,8 @@ def _products_mma(c):
                                             0, acc.data, s * NKT * 4 + n * 4, False, dtype=F32))
 
     @T.macro
-    def context_mma(o, E, Vs, w, g, t):
-        """o[4 n + e] = P V of this thread's C elements of the warp's n-th tile of output columns."""
+    def context_mma(o, E, Vs, w, g, t, s):
+        """o[s, 4 n + e] += P V of this thread's C elements of the warp's n-th tile of output columns."""
         af = T.alloc_buffer((8,), F16, scope="local")
         bf = T.alloc_buffer((4,), F16, scope="local")
         for kc in T.serial(KP // 16):
@@ -103,13 +106,13 @@ def _products_mma(c):
                 for e in T.unroll(4):
                     bf[e] = Vs[(kc * 16 + t * 2 + e % 2 + e // 2 * 8) * DROW + (w * NDT + n) * 8 + g]
                 T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", af.data, 0, bf.data,
-                                            0, o.data, n * 4, False, dtype=F32))
+                                            0, o.data, s * NDT * 4 + n * 4, False, dtype=F32))
 
     return scores_mma, context_mma
 
 
-def _products_loops(c):
-    """The same elements as _products_mma, as dot products (the CPU variant)."""
+def products_loops(c):
+    """The same elements as products_mma, as dot products (the CPU variant)."""
     from tvm.script import tirx as T
 
     D, KP, KW, NKT, NDT, DROW, EROW = c.D, c.KP, c.KW, c.NKT, c.NDT, c.DROW, c.EROW
@@ -123,25 +126,26 @@ def _products_loops(c):
                         F32, Ks[(w * KW + n * 8 + t * 2 + e % 2) * DROW + d])
 
     @T.macro
-    def context_loops(o, E, Vs, w, g, t):
+    def context_loops(o, E, Vs, w, g, t, s):
         for n in T.serial(NDT):
             for e in T.serial(4):
                 for j in T.serial(KP):
-                    o[n * 4 + e] = o[n * 4 + e] + T.Cast(F32, E[(g + e // 2 * 8) * EROW + j]) * T.Cast(
+                    o[s, n * 4 + e] = o[s, n * 4 + e] + T.Cast(F32, E[(g + e // 2 * 8) * EROW + j]) * T.Cast(
                         F32, Vs[j * DROW + (w * NDT + n) * 8 + t * 2 + e % 2])
 
     return scores_loops, context_loops
 
 
-def _scores(c, product):
-    """Scores (scaled, masked) in registers; each thread's max of its part of rows g and g + 8."""
+def scaled_scores(c, product):
+    """Scores (scaled, masked) of the c.KP keys from key j0 in registers; each thread's max of its part of rows g and
+    g + 8 to row_max."""
     from tvm.script import tirx as T
 
     loops, m, S, SK, NT, KW, NKT, PARTS = c.loops, c.spec.mask, c.S, c.SK, c.NT, c.KW, c.NKT, c.PARTS
-    scale, neg_inf, at, slot = float(c.spec.scale), -math.inf, c.loops.at, _slot(c)
+    scale, neg_inf, at, slot = float(c.spec.scale), -math.inf, c.loops.at, slot_of(c)
 
     @T.macro
-    def scores(Qs, Ks, acc, row_max, mf, b, h, i0):
+    def scores(Qs, Ks, acc, row_max, mf, b, h, i0, j0):
         for tx in loops.threads(NT):
             for e in T.unroll(NKT * 4):
                 acc[slot(tx), e] = T.float32(0)
@@ -152,10 +156,10 @@ def _scores(c, product):
             for n in T.unroll(NKT):
                 for e in T.unroll(4):
                     acc[slot(tx), n * 4 + e] = T.if_then_else(
-                        tx // 32 * KW + n * 8 + tx % 4 * 2 + e % 2 < SK,
+                        j0 + tx // 32 * KW + n * 8 + tx % 4 * 2 + e % 2 < SK,
                         acc[slot(tx), n * 4 + e] * T.float32(scale) + T.Cast(F32, mf[at(
                             m, b, h, T.min(i0 + tx % 32 // 4 + e // 2 * 8, S - 1),
-                            T.min(tx // 32 * KW + n * 8 + tx % 4 * 2 + e % 2, SK - 1))]),
+                            T.min(j0 + tx // 32 * KW + n * 8 + tx % 4 * 2 + e % 2, SK - 1))]),
                         T.float32(neg_inf))
                     best[e // 2] = T.max(best[e // 2], acc[slot(tx), n * 4 + e])
             for half in T.unroll(2):
@@ -169,30 +173,44 @@ def _softmax(c):
     gives zeros, as the where(isnan(softmax), 0, ...) of the graphs this replaces does."""
     from tvm.script import tirx as T
 
-    loops, NT, KW, NKT, PARTS, EROW = c.loops, c.NT, c.KW, c.NKT, c.PARTS, c.EROW
-    neg_inf, slot = -math.inf, _slot(c)
+    loops, NT, PARTS, neg_inf, exps = c.loops, c.NT, c.PARTS, -math.inf, probabilities(c)
 
     @T.macro
     def softmax(acc, E, row_max, row_sum):
         for tx in loops.threads(NT):
             mx = T.alloc_buffer((2,), F32, scope="local")
-            total = T.alloc_buffer((2,), F32, scope="local")
             for half in T.unroll(2):
                 mx[half] = T.float32(neg_inf)
                 for p in T.serial(PARTS):
                     mx[half] = T.max(mx[half], row_max[(tx % 32 // 4 + half * 8) * PARTS + p])
                 if mx[half] == T.float32(neg_inf):
                     mx[half] = T.float32(0)
-                total[half] = T.float32(0)
-            for n in T.unroll(NKT):
-                for e in T.unroll(4):
-                    E[(tx % 32 // 4 + e // 2 * 8) * EROW + tx // 32 * KW + n * 8 + tx % 4 * 2 + e % 2] = T.Cast(
-                        F16, T.exp(acc[slot(tx), n * 4 + e] - mx[e // 2]))
-                    total[e // 2] = total[e // 2] + T.exp(acc[slot(tx), n * 4 + e] - mx[e // 2])
-            for half in T.unroll(2):
-                row_sum[(tx % 32 // 4 + half * 8) * PARTS + tx // 32 * 4 + tx % 4] = total[half]
+            exps(acc, E, row_sum, mx, tx)
 
     return softmax
+
+
+def probabilities(c):
+    """E = exp(score - base of its row) in fp16 (the A operand of P V), and each thread's sums of its part of rows
+    g and g + 8 to row_sum, from the scores in its registers."""
+    from tvm.script import tirx as T
+
+    KW, NKT, PARTS, EROW, slot = c.KW, c.NKT, c.PARTS, c.EROW, slot_of(c)
+
+    @T.macro
+    def exps(acc, E, row_sum, base, tx):
+        total = T.alloc_buffer((2,), F32, scope="local")
+        total[0] = T.float32(0)
+        total[1] = T.float32(0)
+        for n in T.unroll(NKT):
+            for e in T.unroll(4):
+                E[(tx % 32 // 4 + e // 2 * 8) * EROW + tx // 32 * KW + n * 8 + tx % 4 * 2 + e % 2] = T.Cast(
+                    F16, T.exp(acc[slot(tx), n * 4 + e] - base[e // 2]))
+                total[e // 2] = total[e // 2] + T.exp(acc[slot(tx), n * 4 + e] - base[e // 2])
+        for half in T.unroll(2):
+            row_sum[(tx % 32 // 4 + half * 8) * PARTS + tx // 32 * 4 + tx % 4] = total[half]
+
+    return exps
 
 
 def _context(c, product):
@@ -204,11 +222,11 @@ def _context(c, product):
     @T.macro
     def context(E, Vs, row_sum, out, b, h, i0):
         for tx in loops.threads(NT):
-            o = T.alloc_buffer((NDT * 4,), F32, scope="local")
+            o = T.alloc_buffer((1, NDT * 4), F32, scope="local")
             norm = T.alloc_buffer((2,), F32, scope="local")
             for e in T.unroll(NDT * 4):
-                o[e] = T.float32(0)
-            product(o, E, Vs, tx // 32, tx % 32 // 4, tx % 4)
+                o[0, e] = T.float32(0)
+            product(o, E, Vs, tx // 32, tx % 32 // 4, tx % 4, 0)
             for half in T.unroll(2):
                 norm[half] = T.float32(0)
                 for p in T.serial(PARTS):
@@ -217,7 +235,7 @@ def _context(c, product):
                 for e in T.unroll(4):
                     if i0 + tx % 32 // 4 + e // 2 * 8 < S:
                         out[b, i0 + tx % 32 // 4 + e // 2 * 8, h, (tx // 32 * NDT + n) * 8 + tx % 4 * 2 + e % 2] = \
-                            T.Cast(F16, T.if_then_else(norm[e // 2] > T.float32(0), o[n * 4 + e] / norm[e // 2],
+                            T.Cast(F16, T.if_then_else(norm[e // 2] > T.float32(0), o[0, n * 4 + e] / norm[e // 2],
                                                        T.float32(0)))
 
     return context

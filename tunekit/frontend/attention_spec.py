@@ -14,6 +14,7 @@ VECTOR = 8           # fp16 elements per 16-byte load
 SHARED_LIMIT = 48 * 1024  # static shared memory per block (what TVM's CUDA codegen declares)
 SIMT_THREADS_PER_ROW = 16
 MMA_WARPS = 4
+KEY_TILES = (128, 64, 32)  # keys per pass of the key-tiled body, largest first (a multiple of 8 per warp)
 
 
 @dataclass(frozen=True)
@@ -58,19 +59,22 @@ class Plan:
     keys: int              # keys padded: SIMT, a multiple of 16 threads per row; mma, of 32 (8 per warp tile)
     query_tiles: int
     shared_bytes: int
+    key_tile: int = 0      # keys per pass of the key-tiled body (attention_flash); 0: all keys at once
 
 
-def plan(spec: Attention, *, tensor_cores: bool = True) -> Plan | None:
+def plan(spec: Attention, *, tensor_cores: bool = True, key_tiles: bool = False) -> Plan | None:
     """The kernel body and launch shape for `spec`, or None when its K and V do not fit a block.
-    `tensor_cores=False`: the CUDA-core body whatever the head dim (for comparisons)."""
+    `tensor_cores=False`: the CUDA-core body whatever the head dim (for comparisons). `key_tiles`: where K and V
+    do not fit, the key-tiled tensor-core body (attention_flash), for head dims a multiple of 32."""
     d, tiles = spec.head_dim, -(-spec.seq // ROWS)
     if tensor_cores and d % (8 * MMA_WARPS) == 0:
         keys = -(-spec.keys // (8 * MMA_WARPS)) * 8 * MMA_WARPS
-        # Q, K, V with rows padded by 16 bytes (conflict-free fragment loads; P reuses K's), and
-        # the per-row max / sum partials of 4 threads x 4 warps
-        shared = (ROWS + 2 * keys) * (d + VECTOR) * 2 + 2 * ROWS * 4 * MMA_WARPS * 4
-        if shared <= SHARED_LIMIT:
-            return Plan(True, 32 * MMA_WARPS, keys, tiles, shared)
+        if _mma_shared(keys, d) <= SHARED_LIMIT:
+            return Plan(True, 32 * MMA_WARPS, keys, tiles, _mma_shared(keys, d))
+        if key_tiles:  # the largest tile that fits: the fewest passes over the keys
+            tile = next((t for t in KEY_TILES if _mma_shared(t, d) <= SHARED_LIMIT), None)
+            if tile is not None:
+                return Plan(True, 32 * MMA_WARPS, -(-spec.keys // tile) * tile, tiles, _mma_shared(tile, d), tile)
     keys = -(-spec.keys // SIMT_THREADS_PER_ROW) * SIMT_THREADS_PER_ROW
     # K (padded rows; P reuses it), V and Q in fp16; scores and the row max / sum partials in fp32
     shared = (max(keys * (d + VECTOR), ROWS * keys) * 2 + keys * d * 2 + ROWS * d * 2
@@ -80,13 +84,19 @@ def plan(spec: Attention, *, tensor_cores: bool = True) -> Plan | None:
     return Plan(False, ROWS * SIMT_THREADS_PER_ROW, keys, tiles, shared)
 
 
+def _mma_shared(keys: int, d: int) -> int:
+    """Shared bytes of the tensor-core bodies for `keys` keys at a time: Q, K, V with rows padded by 16 bytes
+    (conflict-free fragment loads; P reuses K's), and the per-row max / sum partials of 4 threads x 4 warps."""
+    return (ROWS + 2 * keys) * (d + VECTOR) * 2 + 2 * ROWS * 4 * MMA_WARPS * 4
+
+
 def kernel_symbol(spec: Attention, shape: Plan, *, gpu: bool) -> str:
     """The kernel's global symbol: its body and shape, and a digest of everything it is built from (operand
     layouts, mask, scale, plan, GPU or CPU loops). A model's kernels of different specs get different symbols
     (one symbol for two kernels fails the build), the same spec the same symbol on every run (records and
     artifacts may name kernels), and structurally equal kernels stay equal, so a module keeps one of them."""
     digest = hashlib.sha1(repr((spec, shape, gpu)).encode()).hexdigest()[:10]
-    body = "mma" if shape.tensor_cores else "simt"
+    body = "flash" if shape.key_tile else "mma" if shape.tensor_cores else "simt"
     return (f"attention_{body}_b{spec.batch}h{spec.heads}s{spec.seq}k{spec.keys}d{spec.head_dim}"
             f"{'' if gpu else '_cpu'}_{digest}")
 

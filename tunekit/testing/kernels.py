@@ -90,3 +90,41 @@ def cuda_source(mod, target) -> str:
     sources = [m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"]
     assert sources, "no CUDA module in the build"
     return "\n".join(sources)
+
+
+def nvrtc_unavailable() -> str | None:
+    """None when NVRTC and the CUDA headers can be used from this process, else why not. `make test` puts NVRTC
+    into .nvrtcsite beside the checkout's tests (not the venv, where it would make a CPU machine look ready for
+    --gpu-pct)."""
+    import ctypes
+    import glob
+    import os
+    import sys
+
+    site = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".nvrtcsite")
+    if os.path.isdir(site) and site not in sys.path:
+        sys.path.append(site)
+        for lib in glob.glob(os.path.join(site, "nvidia", "cu*", "lib", "libnvrtc.so.*")):
+            if "builtins" not in lib:  # cuda-bindings looks in site-packages or the system only
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    try:
+        from cuda.bindings import nvrtc
+        from tvm.support.nvcc import find_cuda_path
+
+        nvrtc.nvrtcVersion()
+        if not os.path.isfile(os.path.join(find_cuda_path(), "include", "cuda_runtime.h")):
+            if not os.path.isfile("/usr/local/cuda/include/cuda_runtime.h"):
+                return "no CUDA headers"
+            os.environ["CUDA_PATH"] = "/usr/local/cuda"
+    except Exception as exc:  # ImportError, a missing libnvrtc, no CUDA toolkit
+        return f"NVRTC unavailable: {str(exc).splitlines()[0][:120]}"
+    return None
+
+
+def nvrtc_ptx(code: str) -> str:
+    """The PTX NVRTC makes of CUDA source `code` for sm_90a (call nvrtc_unavailable() first)."""
+    from tvm.support import nvcc
+
+    from ..clients.cuda_compile import compile_lean
+
+    return bytes(compile_lean(code, arch="compute_90a", cuda_path=nvcc.find_cuda_path(), target_format="ptx")).decode()
