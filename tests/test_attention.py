@@ -303,6 +303,12 @@ def test_gpu_tune_of_a_transformer_skips_the_fused_kernel_and_keeps_it(tmp_path)
     assert report["precision"] == "fp16" and report["trials"]["measured"] >= 16
     assert not [t for t in report["tasks"] if "attention" in t["name"]]
     assert min(o["cosine"] for o in report["numerics"]["tuned"]) > 0.999
+    from tunekit.run.efficiency import device_peak
+
+    if device_peak(report["environment"]["gpu_name"]):  # each task against the roofline of its 40%
+        assert report["roofline"]["sm_count"] < report["roofline"]["of_sms"]
+        fractions = [t["efficiency"]["roofline_fraction"] for t in report["tasks"] if "efficiency" in t]
+        assert fractions and all(f > 0 for f in fractions), report["tasks"]
 
 
 @pytest.mark.gpu

@@ -222,6 +222,9 @@ def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> d
     assert all(0 <= task["failed_build"] <= task["failed"] for task in report["tasks"])  # build vs run failures
     # each task's first search only sampled and ranked (clients.first_look: no generations before a measurement)
     assert all(task["first_looks"] == 1 for task in report["tasks"] if task["trials"]), report["tasks"]
+    # what each task's efficiency is computed from (run.efficiency); a CPU share has no roofline to hold it to
+    assert all(task["flops"] > 1 and task["bytes"] > 0 for task in report["tasks"]), report["tasks"]
+    assert "roofline" not in report and not any("efficiency" in task for task in report["tasks"])
     return report
 
 

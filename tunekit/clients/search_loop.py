@@ -32,7 +32,7 @@ from ..config import TuneConfig
 from ..errors import error_line
 from ..interrupts import stop_requested
 from ..records.baselines import workload_key
-from ..frontend.tasks import already_scheduled, task_family, task_flops
+from ..frontend.tasks import already_scheduled, task_bytes, task_family, task_flops
 from ..records.database import mean_run_us
 from ..records.trace_keys import TENSORIZE_MARK, key_and_mark, trace_key, trace_text
 from ..records.tuning_database import commit_workload_durably, known_traces
@@ -659,6 +659,7 @@ class SearchLoop:
                  **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None,
+                 "flops": t.flops, "bytes": task_bytes(t.ctx.mod),
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
                  **({"untuned_error": t.untuned_error} if t.untuned_error else {}),
                  "negligible": t.negligible, **({"fallback": t.fallback} if t.fallback else {}),

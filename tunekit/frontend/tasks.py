@@ -56,6 +56,28 @@ def task_flops(mod) -> float:
         return 1.0
 
 
+def task_bytes(mod) -> int:
+    """Bytes of a task's kernel's parameters (its inputs and outputs): what one call must move at least; 0 when a
+    shape is not a number (symbolic)."""
+    import math
+
+    from tvm import tirx
+
+    try:
+        return sum(math.prod(int(d) for d in buf.shape) * _dtype_bytes(str(buf.dtype))
+                   for func in mod.functions.values() if isinstance(func, tirx.PrimFunc)
+                   for buf in func.params)  # TVM 0.27: a PrimFunc's params are its buffers
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+def _dtype_bytes(dtype: str) -> int:
+    import tvm
+
+    dt = tvm.DataType(dtype)
+    return max(1, dt.bits * dt.lanes // 8)
+
+
 def task_family(name: str) -> str:
     """The operator a task is about, from its name: "fused_conv2d1_add1_relu1" -> "conv2d". Tasks of one
     family are "similar" to the scheduler (their FLOP rates are comparable)."""

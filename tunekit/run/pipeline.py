@@ -423,6 +423,7 @@ class Pipeline:
             records = self._without_broken_records(job, session, outcome, records, refused)
             tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
         from ..frontend.precision import fp32_kept, skipped_steps
+        from .efficiency import annotate_efficiency
 
         extra = {"precision": job.precision, "precision_fallback": self.precision_fallbacks.get(job.label),
                  "fp32_kept": fp32_kept(job.prepared), "skipped_steps": skipped_steps(job.prepared),
@@ -430,6 +431,11 @@ class Pipeline:
                  "numerics": {"bound": self._bound(job).to_dict(), "untuned": untuned.numerics,
                               "tuned": tuned.numerics},
                  "tensor_cores": _tensor_core_counts(outcome.tasks)}
+        environment = session.environment()
+        roofline = annotate_efficiency(outcome.tasks, gpu_name=environment.get("gpu_name"),
+                                       sm_count=environment.get("sm_count_at_share"), precision=job.precision)
+        if roofline is not None:  # a GPU of known peaks: tasks[].efficiency against it
+            extra["roofline"] = roofline
         if uses_cuda_graphs(job.target):  # what the graphs buy: the same records, compiled without them
             plain = self._measure(job, session, path=os.path.join(job.work_dir, "tuned-no-cuda-graph.so"),
                                   database=records, cuda_graph=False,
@@ -440,7 +446,7 @@ class Pipeline:
             extra["rejected_tuned_build_ms"] = tuned.latency
             tuned = Measured(artifact, untuned.latency, untuned.numerics)
         report = tune_report(model=loaded.path or f"<torch module {loaded.name}>", job=job, config=self.config, outcome=outcome, untuned=untuned.latency,
-                             tuned=tuned.latency, environment=session.environment(), started=self.started,
+                             tuned=tuned.latency, environment=environment, started=self.started,
                              artifact=artifact, share_choice=self.share_choice or {"mode": "fixed",
                                                                                    "chosen": job.label},
                              repaired_bytes=repaired_bytes(job.db_dir))
