@@ -131,6 +131,29 @@ def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_ot
 
 
 @pytest.mark.e2e
+def test_a_fleet_at_two_shares_measures_a_workload_only_at_the_shares_of_its_models(pair, tmp_path):
+    """One process, model a at cpu50 and model b at cpu100: the workloads both have are measured at both shares
+    (each share's records hold them), each dense layer only at its own model's share."""
+    # min_task_share 0: the dense layers (negligible in time) are tuned too
+    fleet = _write(tmp_path / "fleet.yaml", f"oversubscribe: true\nmin_task_share: 0\nmodels:\n"
+                                            f"  - {{model: {pair[0]}, cpu_pct: 50}}\n"
+                                            f"  - {{model: {pair[1]}, cpu_pct: 100}}\n")
+    out = tmp_path / "out"
+    proc = run_cli("tune", fleet, "--trials", "12", "--trials-per-iter", "2", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["models_tuned"] == 2 and sorted(report["shares"]) == ["cpu100", "cpu50"]
+
+    def workloads(db) -> set:
+        return {key for key, _ in record_keys(db)}
+
+    at50, at100 = workloads(out / "records-cpu50"), workloads(out / "records-cpu100")
+    of_a, of_b = workloads(out / "a" / "records-cpu50"), workloads(out / "b" / "records-cpu100")
+    assert at50 == of_a and at100 == of_b  # nothing measured at a share whose model does not have it
+    assert at50 & at100 and at50 - at100 and at100 - at50, (at50, at100)  # the shared convs at both, the heads apart
+    assert report["trials"]["measured"]["cpu50"] < report["trials"]["measured"]["cpu100"] + 12
+
+
 def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pair, tmp_path):
     """--clients 2: the share's tasks (both models', each workload once) are sharded over two Ray tuning clients;
     their shards are merged into the fleet's records, and each model gets its workloads' records and artifact."""

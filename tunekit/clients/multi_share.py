@@ -5,9 +5,9 @@ several shares searches and builds once and measures each candidate on a server 
 each share's database gets the candidate with the time measured at that share (one database per
 share: TVM's lookup ignores the target).
 
-MultiShareRunner puts each runner input on every share's runner and answers with a future whose
-`result()` is the first (primary) share's RunnerResult, as MetaSchedule expects, and whose
-`results()` gives every share's.
+MultiShareRunner puts each runner input on every share's runner (or on the ones asked for) and answers with a
+future whose `result()` is the first share's RunnerResult, as MetaSchedule expects, and whose `results()` gives
+every share's.
 """
 from __future__ import annotations
 
@@ -64,8 +64,11 @@ class MultiShareRunner:
     def labels(self) -> list[str]:
         return list(self.runners)
 
-    def run(self, runner_inputs: list) -> list[SharedFuture]:
-        per_share = {label: runner.run(runner_inputs) for label, runner in self.runners.items()}
+    def run(self, runner_inputs: list, *, labels: list[str] | None = None) -> list[SharedFuture]:
+        """Each input measured at every share, or at the shares `labels` names (a fleet's workload that only some
+        of its models have: the others' shares need no time of it)."""
+        chosen = self.runners if labels is None else {label: self.runners[label] for label in labels}
+        per_share = {label: runner.run(runner_inputs) for label, runner in chosen.items()}
         return [SharedFuture({label: futures[i] for label, futures in per_share.items()})
                 for i in range(len(runner_inputs))]
 

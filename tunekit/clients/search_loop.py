@@ -123,6 +123,9 @@ class SearchRequest:
     # Measure every share: {share label: its database} of the other shares each candidate is also
     # measured at (the runner is then a clients.multi_share.MultiShareRunner, this share first).
     other_shares: dict = field(default_factory=dict)
+    # {task name: the share labels that want it}: a fleet's task is searched and measured only at the shares of
+    # the models that have its workload. None, or a task not named: every share.
+    task_shares: dict | None = None
 
 
 @dataclass
@@ -217,7 +220,10 @@ class SearchLoop:
         self._pre_tuned: list = []  # the TuneContexts whose search was set up (post_tuning at the end)
         for lane in self.lanes:
             lane.tasks = self._make_tasks(lane, first=lane is self.lanes[0])
-        self.tasks = self.lanes[0].tasks  # what the scheduler, budgets and progress follow
+        # per task, the lanes that want it (request.task_shares); the first one's state is what the scheduler,
+        # budgets and progress follow
+        self.owners = [self._owners(task.name) for task in self.lanes[0].tasks]
+        self.tasks = [self.lanes[owners[0]].tasks[i] for i, owners in enumerate(self.owners)]
         for index, task in enumerate(self.tasks):  # a task no share can search is not searched at all
             task.fallback = next((lane.tasks[index].fallback for lane in self.lanes if lane.tasks[index].fallback),
                                  None)
@@ -281,14 +287,26 @@ class SearchLoop:
         self.phases.search_s += time.perf_counter() - t0
         return tasks
 
+    def _owners(self, name: str) -> list[int]:
+        wanted = (self.req.task_shares or {}).get(name)
+        return [i for i, lane in enumerate(self.lanes) if wanted is None or lane.label in wanted] or \
+            list(range(len(self.lanes)))
+
     def _next_searcher(self, task: TaskState) -> int:
-        """The share whose search refills `task`'s picks: the one after the share whose picks were just
-        spent (tasks start at different shares, so the first batches of a short run are not all the
-        first share's). With one share, always that share."""
-        current = self.turn.get(task.index)
-        lane = task.index % len(self.lanes) if current is None else (current + 1) % len(self.lanes)
+        """The share whose search refills `task`'s picks: among the shares that want it, the one after the share
+        whose picks were just spent (tasks start at different shares, so the first batches of a short run are not
+        all the first share's). With one share, always that share."""
+        owners, current = self.owners[task.index], self.turn.get(task.index)
+        lane = owners[task.index % len(owners) if current not in owners else (owners.index(current) + 1) % len(owners)]
         self.turn[task.index] = lane
         return lane
+
+    def _run(self, task: TaskState, runner_inputs: list) -> list:
+        """The runner's futures of `runner_inputs`, measured at the shares that want `task`."""
+        owners = self.owners[task.index]
+        if len(owners) == len(self.lanes):
+            return self.runner.run(runner_inputs)
+        return self.runner.run(runner_inputs, labels=[self.lanes[i].label for i in owners])
 
     def _known(self, index: int, key: str) -> list | None:
         """run_secs of a candidate already measured (at any share: each candidate is measured at all)."""
@@ -401,8 +419,8 @@ class SearchLoop:
             built[slot], _ = self.builder.collect(future)
             if built[slot].error_msg is None:
                 j = batch.fresh[slot]
-                runs[slot] = self.runner.run([RunnerInput(built[slot].artifact_path, self.device_type,
-                                                          batch.candidates[j].args_info)])[0]
+                runs[slot] = self._run(batch.task, [RunnerInput(built[slot].artifact_path, self.device_type,
+                                                                batch.candidates[j].args_info)])[0]
         return built, runs, time.perf_counter() - t
 
     def _results_by_share(self, future) -> dict:
@@ -437,7 +455,8 @@ class SearchLoop:
                 self.phases.lock_wait_s += timing.lock_wait_s
             callbacks.remove_artifact(build.artifact_path)
         unbuilt = [b.error_msg is not None for b in built]
-        for index, lane in enumerate(self.lanes):
+        for index in self.owners[batch.task.index]:  # the shares that measured it
+            lane = self.lanes[index]
             self._join_share(batch, lane, [r[lane.label] for r in results], unbuilt,
                              proposed=[j for j in batch.fresh + batch.cached if batch.proposer(j) == index])
         if self.runner.fatal is not None:
@@ -715,7 +734,8 @@ class SearchLoop:
                 run_inputs.append(RunnerInput(result.artifact_path, self.device_type, args_info))
                 run_owners.append((task, str(result.artifact_path)))
         t = time.perf_counter()
-        for (task, path), future in zip(run_owners, self.runner.run(run_inputs)):
+        futures = [self._run(task, [run_input])[0] for (task, _), run_input in zip(run_owners, run_inputs)]
+        for (task, path), future in zip(run_owners, futures):
             if self._out_of_time(started):
                 log.info("the time budget ran out while measuring the untuned kernels: %s and later tasks keep none",
                          task.name)

@@ -144,10 +144,11 @@ class TunekitEngine:
                                 progress=progress, engine=engine)[share.label]
 
     def tune_shares(self, *, tasks, target, shares: list[ShareToMeasure], work_dir, config,
-                    progress, engine: SearchEngine | None = None) -> dict[str, TuningOutcome]:
-        """One search for every share in `shares`: each candidate built once, measured at every share,
-        recorded in each share's database with the time measured there. The first share's target
-        builds the candidates and its view of the tasks decides which task goes next."""
+                    progress, engine: SearchEngine | None = None,
+                    task_shares: dict | None = None) -> dict[str, TuningOutcome]:
+        """One search for every share in `shares`: each candidate built once, measured at every share (or, with
+        `task_shares` {task name: share labels}, at the shares that want its task), recorded in each share's
+        database with the time measured there. The first share's target builds the candidates."""
         from ..interrupts import cooperative
         from . import cost_model_store, warm_start
         from .search_loop import SearchRequest
@@ -167,7 +168,7 @@ class TunekitEngine:
                 loops = engine.search_shares(SearchRequest(
                     extracted_tasks=tasks, target=target, database=first.database, config=config, work_dir=work_dir,
                     progress=progress, warm_start=sources,
-                    label=first.label, other_shares={s.label: s.database for s in others}))
+                    label=first.label, other_shares={s.label: s.database for s in others}, task_shares=task_shares))
             for s in shares:
                 loaded[s.label]["saved_to"] = cost_model_store.save(models[s.label], s.records_dir)
         finally:

@@ -28,6 +28,7 @@ class ShareJob:
     db_dir: str         # records-<share>: this share's database, and nobody else's
     out: str            # the run's out dir
     precision: str = "fp32"  # what the prepared module computes in (frontend.precision)
+    task_shares: dict | None = None  # a fleet's {task name: the shares whose models have it}; None: every share
 
     @property
     def label(self) -> str:

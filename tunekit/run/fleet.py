@@ -6,8 +6,9 @@ a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
   per model: the untuned model measured at its share
   one search over every model's tasks, each workload once, weighted by the model's weight x the workload's
     count in it: the scheduler's gradient rule then lowers the weighted sum of the models' latencies (Ansor's
-    multi-DNN objective). In one process every candidate is measured at every share of the fleet; through Ray,
-    each share's tasks (its models') are sharded over its tuning clients. Records go to <out>/records-<share>.
+    multi-DNN objective). In one process a candidate is measured at the shares of the models that have its
+    workload; through Ray, each share's tasks (its models') are sharded over its tuning clients. Records go to
+    <out>/records-<share>.
   per model: the records of its workloads copied into its own records dir, then compiled, measured, reported
 A model that fails (to load, to prepare, at its untuned or tuned build) never stops the others: its row in
 <out>/report.json says why.
@@ -153,6 +154,10 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
         every_share = executor.measures_every_share(group)
         for job in group:
             job.tasks = merge_tasks([m for m in tuned if every_share or m.job.label == job.label], target=job.target)
+        if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
+            wanted = task_shares(group[0].tasks, tuned)
+            for job in group:
+                job.task_shares = wanted
         stack.enter_context(executor.warm_up(group, sessions))
         progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
         try:
@@ -190,6 +195,14 @@ def merge_tasks(members: list[_Member], *, target) -> list:
         tasks.append(ms.ExtractedTask(name, task.mod, target, list(task.dispatched),
                                       max(1, round(weight * WEIGHT_STEPS))))
     return tasks
+
+
+def task_shares(tasks: list, members: list[_Member]) -> dict[str, set[str]]:
+    """{merged task name: the share labels of the members that have its workload} (members' `keys` filled)."""
+    from ..records.baselines import workload_key
+
+    return {task.task_name: {m.job.label for m in members if workload_key(task.dispatched[0]) in m.keys}
+            for task in tasks}
 
 
 def _finish(member: _Member, job: ShareJob, outcome, session, tuned: list[_Member]) -> None:

@@ -117,7 +117,7 @@ class LocalExecutor:
                 first = group[0]
                 outcomes = self.engine.tune_shares(tasks=first.tasks, target=first.target, shares=shares,
                                                    work_dir=first.work_dir, config=self.config, progress=progress,
-                                                   **started)
+                                                   task_shares=first.task_shares, **started)
             else:
                 job, share = group[0], shares[0]
                 outcomes = {job.label: self.engine.tune(tasks=job.tasks, target=job.target, database=share.database,
