@@ -1,16 +1,23 @@
 """A fleet against its models tuned one after another and side by side, with the same wall-clock budget.
 
-Three setups, each given `--budget` seconds of tuning in all, each model at its share (`--share`, e.g. cpu50 for
-each of two models on a CPU):
-- fleet:       `tunekit tune a.onnx b.onnx --<kind>-pct P --time-budget B` (one search, one budget);
+Three setups, each given `--budget` seconds of tuning in all, each model at its own share:
+- fleet:       `tunekit tune fleet.yaml --time-budget B` (one search, one budget);
 - sequential:  `tunekit tune m.onnx --<kind>-pct P --time-budget B/n` for each model, one after another;
 - parallel:    the same per model with `--time-budget B`, all processes at once (the ledger lets them share).
-Every artifact is then timed again with `tunekit bench` at its share, the setups in turns (`--rounds`), so that the
-ratios compare artifacts timed side by side. Prints and writes (`--results`) one Markdown table: per setup, each
-model's tuned latency, the weighted sum, its ratio to sequential, and each setup's tuning wall.
+The models are example models at one share (`--models`, `--share`), or ONNX files each with its share and weight
+(`--fleet FILE`, as `tunekit tune FILE` reads it). Every artifact is then timed again with `tunekit bench` at its
+share, the setups in turns (`--rounds`), so that the ratios compare artifacts timed side by side.
+
+With `--steps K` each setup is tuned in K resumed steps (the fleet and the parallel processes B/K at a time; the
+sequential setup one model after another), and the tuned latencies each step's reports give trace when every model
+first reaches the latency it got tuned alone in the sequential setup (its "solo" latency, within `--tolerance`):
+issue 54's "wall time until every model reaches the latency it gets alone", fleet against sequential.
+
+Prints and writes (`--results`) one Markdown table: per setup, each model's tuned latency, the weighted sum, its
+ratio to sequential, trials, the tuning wall, and the wall until every model reached its solo latency.
 
   python benchmarks/fleet.py --share cpu50 --budget 180              # the CPU version in `make bench`
-  python benchmarks/fleet.py --share gpu25 --budget 600 --models resnet18,mobilenet,transformer,resnet18:classes=10
+  python benchmarks/fleet.py --fleet fleet.yaml --budget 1200 --steps 4   # e.g. four zoo models on a GPU
 """
 from __future__ import annotations
 
@@ -22,12 +29,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from tuning_time import write_results  # noqa: E402  (the same machine line as every benchmark)
 
 SETUPS = ("fleet", "sequential", "parallel")
+
+
+@dataclass(frozen=True)
+class Member:
+    path: str
+    kind: str      # gpu or cpu
+    pct: int
+    weight: float = 1.0
+    name: str = ""
+
+    @property
+    def flag(self) -> list[str]:
+        return [f"--{self.kind}-pct", str(self.pct)]
+
+
+def members_of(fleet_file: str) -> list[Member]:
+    """The fleet file's models with their shares (a model's own, else the file's) and weights."""
+    from tunekit.config import load_fleet_file
+
+    models, values = load_fleet_file(fleet_file)
+    out = []
+    for i, m in enumerate(models):
+        kind = "gpu" if (m.gpu_pct or values.get("gpu_pct")) else "cpu"
+        pct = m.gpu_pct or m.cpu_pct or values.get(f"{kind}_pct")
+        if not pct:
+            raise SystemExit(f"{fleet_file}: {m.model} has no share (gpu_pct or cpu_pct)")
+        out.append(Member(m.model, kind, int(pct), m.weight, m.name or f"m{i}"))
+    return out
+
+
+def fleet_yaml(members: list[Member], path: str) -> str:
+    import yaml
+
+    with open(path, "w") as fh:
+        yaml.safe_dump({"models": [{"model": m.path, f"{m.kind}_pct": m.pct, "weight": m.weight, "name": m.name}
+                                   for m in members]}, fh)
+    return path
 
 
 def make_models(specs: str, *, image: int, work: str) -> list[str]:
@@ -52,73 +97,112 @@ def tunekit(*args: str) -> tuple[dict, float]:
     return json.loads(proc.stdout), time.perf_counter() - started
 
 
-def run_setups(models: list[str], *, flag: str, pct: str, budget: float, work: str) -> dict:
-    """{setup: {"artifacts": [per model], "wall_s": seconds}}."""
-    out = {}
-    payload, wall = tunekit("tune", *models, flag, pct, "--time-budget", f"{budget:g}", "--trials", "1000000",
-                            "--out", os.path.join(work, "fleet"))
-    out["fleet"] = {"artifacts": [row["artifact"] for row in payload["report"]["fleet"]], "wall_s": wall,
-                    "trials": sum(payload["report"]["trials"]["measured"].values())}
-    artifacts, trials, started = [], 0, time.perf_counter()
-    for i, model in enumerate(models):
-        payload, _ = tunekit("tune", model, flag, pct, "--time-budget", f"{budget / len(models):g}", "--trials",
-                             "1000000", "--out", os.path.join(work, f"seq{i}"))
+def _tune_args(budget: float, out: str, step: int) -> list[str]:
+    return ["--time-budget", f"{budget:g}", "--trials", "1000000", "--out", out, *(["--resume"] if step else [])]
+
+
+def run_setups(members: list[Member], *, budget: float, steps: int, work: str) -> dict:
+    """{setup: {"artifacts", "wall_s", "trials", "curve": [(wall so far, [each model's tuned ms])]}}."""
+    n, out = len(members), {}
+    fleet_file, wall, curve, trials = fleet_yaml(members, os.path.join(work, "fleet.yaml")), 0.0, [], 0
+    for step in range(steps):
+        payload, took = tunekit("tune", fleet_file, *_tune_args(budget / steps, os.path.join(work, "fleet"), step))
+        rows = payload["report"]["fleet"]  # in the file's order; a model that failed fails the tune (exit 1)
+        wall += took
+        trials += sum(payload["report"]["trials"]["measured"].values())
+        curve.append((wall, [row["tuned_ms"] for row in rows]))
+    untuned = [row["untuned_ms"] for row in rows]
+    out["fleet"] = {"artifacts": [row["artifact"] for row in rows], "wall_s": wall, "curve": curve, "trials": trials}
+    artifacts, trials, latest, curve, started = [], 0, list(untuned), [], time.perf_counter()
+    for i, m in enumerate(members):  # a model not tuned yet runs untuned
+        payload, _ = tunekit("tune", m.path, *m.flag, *_tune_args(budget / n, os.path.join(work, f"seq{i}"), 0))
         artifacts.append(payload["artifact"])
         trials += payload["trials"]
-    out["sequential"] = {"artifacts": artifacts, "wall_s": time.perf_counter() - started, "trials": trials}
-    started = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", model, flag, pct, "--time-budget",
-                               f"{budget:g}", "--trials", "1000000", "--out", os.path.join(work, f"par{i}"), "--json",
-                               "--wait-for-share", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, model in enumerate(models)]
-    results = [proc.communicate() for proc in procs]
-    for proc, (_, stderr) in zip(procs, results):
-        if proc.returncode != 0:
-            raise SystemExit(f"a parallel tune failed: {(stderr.strip().splitlines() or ['?'])[-1]}")
-    payloads = [json.loads(stdout) for stdout, _ in results]
-    out["parallel"] = {"artifacts": [p["artifact"] for p in payloads], "wall_s": time.perf_counter() - started,
-                       "trials": sum(p["trials"] for p in payloads)}
+        latest[i] = payload["tuned_ms"]
+        curve.append((time.perf_counter() - started, list(latest)))
+    out["sequential"] = {"artifacts": artifacts, "wall_s": time.perf_counter() - started, "trials": trials,
+                         "curve": curve}
+    wall, curve, trials = 0.0, [], 0
+    for step in range(steps):
+        started = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", m.path, *m.flag,
+                                   *_tune_args(budget / steps, os.path.join(work, f"par{i}"), step), "--json",
+                                   "--wait-for-share", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i, m in enumerate(members)]
+        results = [proc.communicate() for proc in procs]
+        for proc, (_, stderr) in zip(procs, results):
+            if proc.returncode != 0:
+                raise SystemExit(f"a parallel tune failed: {(stderr.strip().splitlines() or ['?'])[-1]}")
+        payloads = [json.loads(stdout) for stdout, _ in results]
+        wall += time.perf_counter() - started
+        trials += sum(p["trials"] for p in payloads)
+        curve.append((wall, [p["tuned_ms"] for p in payloads]))
+    out["parallel"] = {"artifacts": [p["artifact"] for p in payloads], "wall_s": wall, "curve": curve,
+                       "trials": trials}
     return out
 
 
-def bench_all(runs: dict, *, flag: str, pct: str, rounds: int) -> dict:
+def reached_at(curve: list, solo: list[float], *, tolerance: float) -> float | None:
+    """The wall at the first point of `curve` where every model's latency is within `tolerance` of its solo
+    latency, or None when none is."""
+    return next((wall for wall, latencies in curve
+                 if all(t <= s * (1 + tolerance) for t, s in zip(latencies, solo))), None)
+
+
+def bench_all(runs: dict, members: list[Member], *, rounds: int) -> dict:
     """{setup: [median over rounds of each model's p50 ms]}: every artifact timed once per round, setups in turns."""
     times = {setup: [[] for _ in run["artifacts"]] for setup, run in runs.items()}
     for _ in range(rounds):
         for setup, run in runs.items():
-            for i, artifact in enumerate(run["artifacts"]):
-                payload, _ = tunekit("bench", artifact, flag, pct, "--repeats", "50")
+            for i, (artifact, m) in enumerate(zip(run["artifacts"], members)):
+                payload, _ = tunekit("bench", artifact, *m.flag, "--repeats", "50")
                 times[setup][i].append(payload["p50_ms"])
     return {setup: [statistics.median(t) for t in per_model] for setup, per_model in times.items()}
 
 
-def table(models: list[str], runs: dict, latency: dict, weights: list[float]) -> str:
-    names = [os.path.splitext(os.path.basename(m))[0] for m in models]
-    weighted = {setup: sum(w * t for w, t in zip(weights, latency[setup])) for setup in runs}
-    lines = [f"| setup | {' | '.join(f'{n} ms' for n in names)} | weighted sum ms | / sequential | trials | wall s |",
-             "| --- |" + " ---: |" * (len(names) + 4)]
+def table(members: list[Member], runs: dict, latency: dict, *, tolerance: float) -> str:
+    """Per setup: each model's latency, the weighted sum and its ratio to sequential, trials, wall, and the wall until
+    every model reached its solo latency (sequential's, each model tuned alone for budget / n) with its ratio."""
+    weighted = {setup: sum(m.weight * t for m, t in zip(members, latency[setup])) for setup in runs}
+    solo = latency["sequential"]
+    reached = {setup: reached_at(run["curve"], solo, tolerance=tolerance) for setup, run in runs.items()}
+    lines = [f"| setup | {' | '.join(f'{m.name} ({m.kind}{m.pct}, x{m.weight:g}) ms' for m in members)} | weighted sum ms "
+             f"| / sequential | trials | wall s | every model at its solo latency, s | / sequential |",
+             "| --- |" + " ---: |" * (len(members) + 6)]
     for setup in runs:
+        at, base = reached[setup], reached["sequential"]
         lines.append(f"| {setup} | " + " | ".join(f"{t:.4f}" for t in latency[setup])
                      + f" | {weighted[setup]:.4f} | {weighted[setup] / weighted['sequential']:.3f} | "
-                     f"{runs[setup]['trials']} | {runs[setup]['wall_s']:.0f} |")
-    return "\n".join(lines)
+                     f"{runs[setup]['trials']} | {runs[setup]['wall_s']:.0f} | "
+                     + (f"{at:.0f}" if at is not None else "not reached") + " | "
+                     + (f"{at / base:.3f}" if at is not None and base else "–") + " |")
+    return "\n".join(lines) + (f"\n\nSolo latency: each model's in the sequential setup (tuned alone for budget / "
+                                f"{len(members)}), within {tolerance:.0%}; walls are cumulative over the setup's "
+                                f"steps (tuned latencies from each step's reports).")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fleet", help="a fleet YAML of ONNX models, each with its share and weight (else --models)")
     p.add_argument("--models", default="resnet18,mobilenet", help="example models, name[:key=value...] each")
     p.add_argument("--image", type=int, default=64)
-    p.add_argument("--share", default="cpu50", help="every model's share, e.g. cpu50 or gpu25")
+    p.add_argument("--share", default="cpu50", help="every example model's share, e.g. cpu50 or gpu25")
     p.add_argument("--budget", type=float, default=180, help="seconds of tuning per setup")
+    p.add_argument("--steps", type=int, default=1, help="resumed steps per setup (the fleet's and the parallel ones)")
+    p.add_argument("--tolerance", type=float, default=0.02, help="within this of the solo latency counts as reached")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results", default=os.path.join("tunekit-out", "fleet-bench.md"), help="write the table here")
     args = p.parse_args(argv)
-    flag, pct = f"--{args.share[:3]}-pct", args.share[3:]
     with tempfile.TemporaryDirectory(prefix="tunekit-fleet-bench-") as work:
-        models = make_models(args.models, image=args.image, work=work)
-        runs = run_setups(models, flag=flag, pct=pct, budget=args.budget, work=work)
-        latency = bench_all(runs, flag=flag, pct=pct, rounds=args.rounds)
-        text = table(models, runs, latency, [1.0] * len(models))
+        if args.fleet:
+            members = members_of(args.fleet)
+        else:
+            kind, pct = args.share[:3], int(args.share[3:])
+            members = [Member(path, kind, pct, 1.0, f"m{i}")
+                       for i, path in enumerate(make_models(args.models, image=args.image, work=work))]
+        runs = run_setups(members, budget=args.budget, steps=args.steps, work=work)
+        latency = bench_all(runs, members, rounds=args.rounds)
+        text = table(members, runs, latency, tolerance=args.tolerance)
     write_results(text, args.results, script="fleet.py", argv=argv)
 
 

@@ -89,3 +89,25 @@ def test_worker_seconds_per_candidate_weigh_each_client_by_its_candidates(scalin
     table = scaling.table([row])
     assert "| 0.250 (32 searches, 6.2 s each), 0.600, 0.100; 0.800 |" in table
     assert "| 90 (40), 81 |" in table
+
+
+def test_the_fleet_benchmark_finds_when_every_model_first_reaches_its_solo_latency(tmp_path):
+    fleet = _benchmark("fleet")
+    solo = [1.0, 2.0]
+    curve = [(100.0, [1.5, 2.0]), (200.0, [1.01, 2.5]), (300.0, [1.019, 2.03]), (400.0, [0.9, 1.9])]
+    assert fleet.reached_at(curve, solo, tolerance=0.02) == 300.0  # both within 2% only from the third point
+    assert fleet.reached_at(curve, solo, tolerance=0.0) == 400.0
+    assert fleet.reached_at(curve[:2], solo, tolerance=0.02) is None
+    members = [fleet.Member("a.onnx", "gpu", 40, 1.0, "a"), fleet.Member("b.onnx", "gpu", 60, 3.0, "b")]
+    runs = {"fleet": {"curve": curve, "trials": 90, "wall_s": 400.0},
+            "sequential": {"curve": [(300.0, [1.0, 3.0]), (800.0, [1.0, 2.0])], "trials": 80, "wall_s": 800.0}}
+    text = fleet.table(members, runs, {"fleet": [0.9, 1.9], "sequential": solo}, tolerance=0.02)
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
+           if line.startswith("| fleet") or line.startswith("| sequential")}
+    assert row["fleet"][2:4] == ["6.6000", f"{6.6 / 7.0:.3f}"]  # weighted 0.9 + 3 x 1.9 against 1.0 + 3 x 2.0
+    assert row["fleet"][6:] == ["300", f"{300 / 800:.3f}"] and row["sequential"][6:] == ["800", "1.000"]
+    # a fleet file's models with their own shares and weights, the file's share for those that name none
+    path = tmp_path / "fleet.yaml"
+    path.write_text("gpu_pct: 30\nmodels:\n  - a.onnx\n  - {model: b.onnx, gpu_pct: 70, weight: 2, name: bee}\n")
+    assert fleet.members_of(str(path)) == [fleet.Member(str(tmp_path / "a.onnx"), "gpu", 30, 1.0, "m0"),
+                                           fleet.Member(str(tmp_path / "b.onnx"), "gpu", 70, 2.0, "bee")]
