@@ -101,8 +101,8 @@ def test_attention_that_does_not_fit_a_block_is_not_planned():
     spec = Attention(1, 12, 1024, 1024, 64, big, big, big, _mask_operand((1,)), 0.125)
     assert plan(spec) is None
     assert plan(spec, key_tiles=True).key_tile == 128  # unless the keys may go through a tile at a time
-    odd = Operand((1, 1024, 3 * 12 * 48), F16, 0, (1024 * 1728, 48, 1728, 1))  # head dim 48: no tensor-core body
-    assert plan(Attention(1, 12, 1024, 1024, 48, odd, odd, odd, _mask_operand((1,)), 0.125), key_tiles=True) is None
+    odd = Operand((1, 1024, 3 * 12 * 60), F16, 0, (1024 * 2160, 60, 2160, 1))  # head dim 60: no 16-column chunks
+    assert plan(Attention(1, 12, 1024, 1024, 60, odd, odd, odd, _mask_operand((1,)), 0.125), key_tiles=True) is None
 
 
 def _projection_case(*, seq, heads, dim, mask, seed=0):
@@ -119,31 +119,34 @@ def _projection_case(*, seq, heads, dim, mask, seed=0):
     return spec, qkv, _reference(parts[1], parts[0], parts[2], mask, dim ** -0.5)
 
 
-@pytest.mark.parametrize("seq,dim,causal", [(197, 64, False), (512, 64, False), (200, 128, True)])
+@pytest.mark.parametrize("seq,dim,causal", [(197, 64, False), (512, 64, False), (200, 128, True), (197, 80, False)])
 def test_key_tiled_kernel_matches_the_reference_past_what_one_block_holds(seq, dim, causal):
     """attention_flash (keys a tile at a time, online softmax) where K and V do not fit one block: ViT-B/16's 197
-    keys (the last tile part padding), BERT's 512 (four tiles), and a causal mask (GPT-2) at head dim 128 with a row
-    masked everywhere, which gives zeros. Tiles of 128 keys, 64 at head dim 128."""
+    keys (the last tile part padding), BERT's 512 (four tiles), a causal mask (GPT-2) at head dim 128 with a row
+    masked everywhere, which gives zeros, and head dim 80 (computed as 96, zero columns). Tiles of 128 keys, 64 at
+    head dims 80 and 128."""
     mask = np.zeros((1, 1, seq, seq), F16)
     if causal:
         mask[0, 0] = np.where(np.tril(np.ones((seq, seq), bool)), 0, -np.inf).astype(F16)
         mask[0, 0, 3, :] = -np.inf
     spec, qkv, want = _projection_case(seq=seq, heads=2, dim=dim, mask=mask)
     shape = plan(spec, key_tiles=True)
-    assert plan(spec) is None and shape.key_tile == (64 if dim == 128 else 128)
+    assert plan(spec) is None and shape.key_tile == (128 if dim == 64 else 64)
     got = _run_on_cpu(spec, qkv, qkv, qkv, mask, key_tiles=True)
     if causal:
         assert np.abs(got[0, :, 3]).max() == 0
     np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-2)
 
 
-def test_key_tiled_kernel_compiles_for_a_hopper_gpu_without_one():
+@pytest.mark.parametrize("dim", [64, 80])
+def test_key_tiled_kernel_compiles_for_a_hopper_gpu_without_one(dim):
     """The GPU build of attention_flash (thread bindings, shared memory, mma.sync), as CUDA source and then PTX by
-    NVRTC for sm_90a, at ViT-B/16's shape: a tile loop around the phases lowers with the barriers it needs."""
+    NVRTC for sm_90a, at ViT-B/16's shape and at head dim 80: a tile loop around the phases lowers with the barriers
+    it needs."""
     from tunekit.readiness import gpu_arch_target
     from tunekit.testing.kernels import cuda_source, nvrtc_ptx, nvrtc_unavailable
 
-    spec, _, _ = _projection_case(seq=197, heads=12, dim=64, mask=np.zeros((1, 1, 197, 197), F16))
+    spec, _, _ = _projection_case(seq=197, heads=12, dim=dim, mask=np.zeros((1, 1, 197, 197), F16))
     code = cuda_source(tvm.IRModule({"main": attention_kernel(spec, key_tiles=True)}), gpu_arch_target("sm_90"))
     assert "mma.sync.aligned.m16n8k16" in code and code.count("__syncthreads()") >= 4
     if nvrtc_unavailable() is not None:
@@ -267,7 +270,7 @@ def test_gpu_kernel_computes_the_attention(tensor_cores):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seq,dim,causal", [(197, 64, False), (512, 64, False), (200, 128, True)])
+@pytest.mark.parametrize("seq,dim,causal", [(197, 64, False), (512, 64, False), (200, 128, True), (197, 80, False)])
 def test_gpu_key_tiled_kernel_computes_the_attention(seq, dim, causal):
     """The GPU build of the key-tiled body on the device, against numpy (its fragments and barriers across tiles)."""
     import os

@@ -65,23 +65,30 @@ class Plan:
 def plan(spec: Attention, *, tensor_cores: bool = True, key_tiles: bool = False) -> Plan | None:
     """The kernel body and launch shape for `spec`, or None when its K and V do not fit a block.
     `tensor_cores=False`: the CUDA-core body whatever the head dim (for comparisons). `key_tiles`: where K and V
-    do not fit, the key-tiled tensor-core body (attention_flash), for head dims a multiple of 32."""
+    do not fit, the key-tiled tensor-core body (attention_flash), for head dims a multiple of 16 (in shared memory
+    padded with zeros to a multiple of 32: 80 is computed as 96)."""
     d, tiles = spec.head_dim, -(-spec.seq // ROWS)
     if tensor_cores and d % (8 * MMA_WARPS) == 0:
         keys = -(-spec.keys // (8 * MMA_WARPS)) * 8 * MMA_WARPS
         if _mma_shared(keys, d) <= SHARED_LIMIT:
             return Plan(True, 32 * MMA_WARPS, keys, tiles, _mma_shared(keys, d))
-        if key_tiles:  # the largest tile that fits: the fewest passes over the keys
-            tile = next((t for t in KEY_TILES if _mma_shared(t, d) <= SHARED_LIMIT), None)
-            if tile is not None:
-                return Plan(True, 32 * MMA_WARPS, -(-spec.keys // tile) * tile, tiles, _mma_shared(tile, d), tile)
     keys = -(-spec.keys // SIMT_THREADS_PER_ROW) * SIMT_THREADS_PER_ROW
     # K (padded rows; P reuses it), V and Q in fp16; scores and the row max / sum partials in fp32
     shared = (max(keys * (d + VECTOR), ROWS * keys) * 2 + keys * d * 2 + ROWS * d * 2
               + ROWS * keys * 4 + 2 * ROWS * SIMT_THREADS_PER_ROW * 4)
-    if shared > SHARED_LIMIT:
-        return None
-    return Plan(False, ROWS * SIMT_THREADS_PER_ROW, keys, tiles, shared)
+    if shared <= SHARED_LIMIT:
+        return Plan(False, ROWS * SIMT_THREADS_PER_ROW, keys, tiles, shared)
+    if key_tiles and tensor_cores and d % 16 == 0:  # the largest tile that fits: the fewest passes over the keys
+        padded = padded_head_dim(d)
+        tile = next((t for t in KEY_TILES if _mma_shared(t, padded) <= SHARED_LIMIT), None)
+        if tile is not None:
+            return Plan(True, 32 * MMA_WARPS, -(-spec.keys // tile) * tile, tiles, _mma_shared(tile, padded), tile)
+    return None
+
+
+def padded_head_dim(d: int) -> int:
+    """The head dim the tensor-core products work on: a multiple of 32 (8 output columns per warp and n-tile)."""
+    return -(-d // (8 * MMA_WARPS)) * 8 * MMA_WARPS
 
 
 def _mma_shared(keys: int, d: int) -> int:
