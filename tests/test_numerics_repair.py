@@ -40,3 +40,55 @@ def test_past_its_time_the_sets_not_yet_searched_are_left_out_whole():
 
     broken = broken_workloads(keys, passes, time_left=time_left)
     assert len(calls) == 3 and "w3" in broken and sorted(set(keys) - set(broken)) == ["w0", "w1"]  # found good
+
+
+def test_both_halves_are_built_before_the_first_is_checked_and_the_answer_is_the_same():
+    keys = [f"w{i}" for i in range(16)]
+    passes, calls = _builds({"w3", "w12"})
+    events = []
+
+    def prebuild(parts):
+        events.append(("built", [list(p) for p in parts]))
+
+    def checked(part):
+        events.append(("checked", list(part)))
+        return passes(part)
+
+    assert sorted(broken_workloads(keys, checked, prebuild=prebuild)) == ["w12", "w3"]
+    assert events[0] == ("built", [keys[:8], keys[8:]]) and events[1] == ("checked", keys[:8])
+    built = [part for kind, parts in events if kind == "built" for part in parts]
+    assert all(part in built for kind, part in events if kind == "checked")  # nothing checked unbuilt
+
+
+def test_probe_builds_run_two_at_once_give_their_errors_and_leave_no_file(tmp_path):
+    import threading
+    import time
+
+    from tunekit.run.numerics_repair import ProbeBuilds
+
+    running, most = set(), []
+
+    def build(keys, path):
+        running.add(tuple(keys))
+        most.append(len(running))
+        time.sleep(0.2)
+        running.discard(tuple(keys))
+        if keys == ["bad"]:
+            raise RuntimeError("does not build")
+        with open(path, "w") as fh:
+            fh.write(threading.current_thread().name)
+
+    probes = ProbeBuilds(build, work_dir=str(tmp_path))
+    probes.prebuild([["a"], ["b"]])
+    probes.prebuild([["bad"], ["left"]])
+    assert open(probes.take(["a"])).read().startswith("tunekit-probe") and max(most) == 2
+    probes.discard(["a"])
+    try:
+        probes.take(["bad"])
+        raise AssertionError("the build's error was not raised")
+    except RuntimeError as exc:
+        assert "does not build" in str(exc)
+    assert open(probes.take(["new"])).read() == threading.current_thread().name  # not prebuilt: built now
+    probes.close()  # waits for "b" and "left", and removes them (never taken)
+    probes.discard(["new"])
+    assert list(tmp_path.iterdir()) == []

@@ -100,11 +100,13 @@ class Pipeline:
         write_bound_overrides(job.db_dir, self._bound_overrides())
 
     def _measure(self, job: ShareJob, session: ShareSession, *, path: str, database, cuda_graph=None,
-                 what: str, settle=None) -> Measured:
-        """Compile (with `database`'s records), time at the share, compare outputs to the reference,
-        and refuse in one line an artifact past its precision's bound. `settle(job)`: waits, after
-        the compile, until the share is quiet enough to time on (the executor's warm-up)."""
-        self._compile(job, path=path, database=database, cuda_graph=cuda_graph)
+                 what: str, settle=None, compiled: bool = False) -> Measured:
+        """Compile (with `database`'s records; `compiled`: `path` is that build already), time at the share,
+        compare outputs to the reference, and refuse in one line an artifact past its precision's bound.
+        `settle(job)`: waits, after the compile, until the share is quiet enough to time on (the executor's
+        warm-up)."""
+        if not compiled:
+            self._compile(job, path=path, database=database, cuda_graph=cuda_graph)
         if settle is not None:
             settle(job)
         started = time.perf_counter()
@@ -385,7 +387,7 @@ class Pipeline:
         """The tuned build was refused while the untuned one passed: the records that break it are left out
         (numerics_repair), their tasks keep the untuned kernel and the report says why."""
         from ..clients.compiler import records_for
-        from .numerics_repair import broken_workloads, mark_fallbacks
+        from .numerics_repair import ProbeBuilds, broken_workloads, mark_fallbacks
 
         applied = [row["workload_hash"] for row in outcome.tasks if row.get("record_applied")]
         if not applied:
@@ -394,17 +396,25 @@ class Pipeline:
         log.warning("%s; looking for the tuned kernels that break it among %d tasks (a build of the model for "
                     "each half tried: about %d builds per broken kernel, for up to %.0f s)", refused, len(applied),
                     2 * max(1, math.ceil(math.log2(len(applied)))), budget)
-        probe = os.path.join(job.work_dir, "numerics-probe.so")
+        probes = ProbeBuilds(lambda keys, path: self._compile(job, path=path, database=records_for(records, keys),
+                                                              cuda_graph=None), work_dir=job.work_dir)
 
         def passes(keys: list[str]) -> bool:
             try:
-                self._measure(job, session, path=probe, database=records_for(records, keys), what="a probe build")
+                path = probes.take(keys)
+                self._measure(job, session, path=path, database=records, what="a probe build", compiled=True)
                 return True
             except (numerics.NumericsRefused, TunedBuildFailed, LatencyFailed):
                 return False
+            finally:
+                probes.discard(keys)
 
         deadline = time.monotonic() + budget
-        broken = broken_workloads(applied, passes, time_left=lambda: deadline - time.monotonic())
+        try:
+            broken = broken_workloads(applied, passes, time_left=lambda: deadline - time.monotonic(),
+                                      prebuild=probes.prebuild)
+        finally:
+            probes.close()
         mark_fallbacks(outcome.tasks, broken, str(refused).splitlines()[0][:300])
         log.warning("%d task(s) keep their untuned kernel: their tuned kernels broke the model", len(broken))
         return records_for(records, [key for key in applied if key not in broken])
