@@ -47,7 +47,8 @@ class ProbeBuilds:
     now) and gives its path, or raises the build's error. Every probe file is removed once used, or at `close`."""
 
     def __init__(self, build: Callable[[list[str], str], None], *, work_dir: str):
-        self._build, self._dir = build, work_dir
+        self._build = build
+        self._dir = work_dir
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="tunekit-probe")
         self._futures: dict[tuple, concurrent.futures.Future] = {}
 
