@@ -42,7 +42,7 @@ test-unit: $(STAMP)
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not gpu and not e2e" tests
 
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -m gpu tests
+	$(BIN)/python -m pytest -q --durations=15 -m gpu tests
 
 ZOO := tunekit-out/zoo
 # stock MetaSchedule vs tunekit; then the zoo's compact copies: `tunekit check` on all, a short CPU tune of the small

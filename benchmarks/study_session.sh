@@ -88,7 +88,7 @@ case "$1" in
     # emit_steps STEPS: the chain's commands for those steps, for MODELS
     emit_steps() {
       for step in ${1//,/ }; do case $step in
-        pytest) echo "timeout ${PYTEST_S:-900} python3 -m pytest -q -rfE --tb=short -m gpu ${PYTEST_ARGS:-tests} > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
+        pytest) echo "timeout ${PYTEST_S:-900} python3 -m pytest -q -rfE --tb=short --durations=15 -m gpu ${PYTEST_ARGS:-tests} > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
         r18|r18b|r18c) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
              [ $step = r18c ] && flags=${R18C_FLAGS:?R18C_FLAGS}
              echo "mkdir -p $R/$step-gpu40"
