@@ -599,7 +599,24 @@ def tune_row(step: str, name: str, ran: Ran, *, timeout: float) -> dict:
             "precision": report.get("precision"), "precision_fallback": report.get("precision_fallback"),
             "tasks": len(report.get("tasks") or []),
             "fallbacks": tune_fallbacks(report), "numerics": report.get("numerics"),
-            "untuned_errors": untuned_errors(report), "session_failures": report.get("session_failures")}
+            "untuned_errors": untuned_errors(report), "session_failures": report.get("session_failures"),
+            "roofline": report.get("roofline"), "slowest_tasks": slowest_tasks(report)}
+
+
+def slowest_tasks(report: dict, *, count: int = 5) -> list[dict]:
+    """The tasks where the tuned model spends the most (weight x the µs of the kernel that runs), each with its
+    efficiency against the share's roofline where the report has it (run.efficiency: H100/H200 shares)."""
+    rows = []
+    for t in report.get("tasks") or []:
+        if not isinstance(t, dict):
+            continue
+        used = t.get("tuned_us") if t.get("tuned_us") and t.get("record_applied", True) else t.get("untuned_us")
+        if used:
+            efficiency = t.get("efficiency") or {}
+            rows.append({"name": t.get("name"), "us": used, "weight": t.get("weight", 1),
+                         "roofline_fraction": efficiency.get("roofline_fraction"), "bound": efficiency.get("bound"),
+                         "kernel": efficiency.get("kernel")})
+    return sorted(rows, key=lambda r: -r["us"] * max(1, r["weight"] or 1))[:count]
 
 
 def untuned_errors(report: dict) -> dict[str, int]:

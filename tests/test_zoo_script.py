@@ -266,6 +266,14 @@ def test_a_tune_rows_reads_the_report_and_a_failure_keeps_the_error_line(zoo):
     assert (row["tuned_ms"], row["tasks"], row["fallbacks"], row["precision"]) == (1.0, 3, [["b", "why"]], "fp32")
     assert (row["untuned_errors"], row["session_failures"]) == ({"run: broke": 2}, 2)  # why the baselines failed
     assert row["precision_fallback"] == "fp16 refused\nmore"  # why auto tuned in fp32
+    roofed = {"report": {"roofline": {"sm_count": 52}, "tasks": [
+        {"name": "gemm", "weight": 12, "untuned_us": 90.0, "tuned_us": 30.0, "record_applied": True,
+         "efficiency": {"roofline_fraction": 0.11, "bound": "memory", "kernel": "tuned, tensor cores"}},
+        {"name": "kept", "weight": 1, "untuned_us": 200.0, "tuned_us": 5.0, "record_applied": False},
+        {"name": "small", "weight": 1, "untuned_us": 3.0, "tuned_us": 1.0}]}}
+    slow = zoo.tune_row("gpu-tune", "vit", zoo.Ran(0, json.dumps(roofed), "", 3.0), timeout=60)["slowest_tasks"]
+    assert [(t["name"], t["us"]) for t in slow] == [("gemm", 30.0), ("kept", 200.0), ("small", 1.0)]  # 12 x 30 first
+    assert slow[0]["roofline_fraction"] == 0.11 and slow[0]["bound"] == "memory" and slow[1]["kernel"] is None
     failed = zoo.tune_row("cpu-tune", "maxvit_t", zoo.Ran(1, "", "progress\ntunekit: internal error: X\n", 3.0),
                           timeout=60)
     assert failed["error"] == "tunekit: internal error: X" and "tuned_ms" not in failed
