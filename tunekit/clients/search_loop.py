@@ -309,7 +309,7 @@ class SearchLoop:
         return self.runner.run(runner_inputs, labels=[self.lanes[i].label for i in owners])
 
     def _known(self, index: int, key: str) -> list | None:
-        """run_secs of a candidate already measured (at any share: each candidate is measured at all)."""
+        """run_secs of a candidate already measured (at any share: each is measured at every share that wants it)."""
         for lane in self.lanes:
             if key in lane.tasks[index].seen:
                 return lane.tasks[index].seen[key]
