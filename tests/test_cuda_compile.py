@@ -4,46 +4,14 @@ NVRTC needs no GPU: `make test` puts cuda-bindings and NVRTC into .nvrtcsite (no
 they would make a CPU machine look ready for --gpu-pct), and the CUDA sources come from compiling
 real models for an sm_90a target on this CPU. Skipped where NVRTC or the CUDA headers are missing.
 """
-import ctypes
-import glob
 import os
 import re
-import sys
 
 import pytest
 
-_NVRTC_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".nvrtcsite")
+from tunekit.testing.kernels import nvrtc_unavailable
 
-
-def _nvrtc_ready() -> str | None:
-    """None when NVRTC and the CUDA headers can be used from this process, else why not."""
-    if os.path.isdir(_NVRTC_SITE) and _NVRTC_SITE not in sys.path:
-        sys.path.append(_NVRTC_SITE)
-        # cuda-bindings finds libnvrtc in site-packages or the system; a --target folder is neither,
-        # so load it first (it then counts as already loaded)
-        for lib in glob.glob(os.path.join(_NVRTC_SITE, "nvidia", "cu*", "lib", "libnvrtc.so.*")):
-            if "builtins" not in lib:
-                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-    try:
-        from cuda.bindings import nvrtc
-
-        nvrtc.nvrtcVersion()
-        from tvm.support.nvcc import find_cuda_path
-
-        def has_headers(root):
-            return os.path.isfile(os.path.join(root, "include", "cuda_runtime.h"))
-
-        if not has_headers(find_cuda_path()):
-            # `which nvcc` can point at a wrapper outside the toolkit; the usual place, if there
-            if not has_headers("/usr/local/cuda"):
-                return "no CUDA headers"
-            os.environ["CUDA_PATH"] = "/usr/local/cuda"
-    except Exception as exc:  # ImportError, a missing libnvrtc, no CUDA toolkit
-        return f"NVRTC unavailable: {str(exc).splitlines()[0][:120]}"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_nvrtc_ready() is not None, reason=str(_nvrtc_ready()))
+pytestmark = pytest.mark.skipif(nvrtc_unavailable() is not None, reason=str(nvrtc_unavailable()))
 
 # libcu++'s static constexpr members: TVM's path emits them as unused device globals, the stand-ins
 # do not declare them. Everything else in the PTX must match.
