@@ -126,11 +126,12 @@ def _compiles(nvrtc, source: str) -> bool:
 
 
 def _nvrtc():
-    """tvm.support.nvcc where NVRTC and the CUDA headers can be used (tests/test_cuda_compile.py), else None."""
-    from test_cuda_compile import _nvrtc_ready
+    """tvm.support.nvcc where NVRTC and the CUDA headers can be used, else None."""
     from tvm.support import nvcc
 
-    return nvcc if _nvrtc_ready() is None else None
+    from tunekit.testing.kernels import nvrtc_unavailable
+
+    return nvcc if nvrtc_unavailable() is None else None
 
 
 def test_every_other_task_keeps_its_design_space(se_tasks, tmp_path):
