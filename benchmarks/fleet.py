@@ -8,20 +8,24 @@ The models are example models at one share (`--models`, `--share`), or ONNX file
 (`--fleet FILE`, as `tunekit tune FILE` reads it). Every artifact is then timed again with `tunekit bench` at its
 share, the setups in turns (`--rounds`), so that the ratios compare artifacts timed side by side.
 
-With `--steps K` each setup is tuned in K resumed steps (the fleet and the parallel processes B/K at a time; the
-sequential setup one model after another), and the tuned latencies each step's reports give trace when every model
-first reaches the latency it got tuned alone in the sequential setup (its "solo" latency, within `--tolerance`):
-issue 54's "wall time until every model reaches the latency it gets alone", fleet against sequential.
+Each model's latency over a setup's wall is traced from its report: the tasks' weighted sum, each task at the last
+time it fell to by then (`tasks[].fell_at`). That gives when every model first reaches the latency it got tuned
+alone in the sequential setup (its "solo" latency, within `--tolerance`): issue 54's "wall time until every model
+reaches the latency it gets alone", fleet against sequential.
+
+`--setups` tunes only some setups and `--work` keeps their outputs and runs.json; `--runs` reads setups tuned before
+(e.g. the sequential setup on a second GPU at the same time), and the table is made once all three are there.
 
 Prints and writes (`--results`) one Markdown table: per setup, each model's tuned latency, the weighted sum, its
 ratio to sequential, trials, the tuning wall, and the wall until every model reached its solo latency.
 
   python benchmarks/fleet.py --share cpu50 --budget 180              # the CPU version in `make bench`
-  python benchmarks/fleet.py --fleet fleet.yaml --budget 1200 --steps 4   # e.g. four zoo models on a GPU
+  python benchmarks/fleet.py --fleet fleet.yaml --budget 1200             # e.g. four zoo models on a GPU
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,36 +101,61 @@ def tunekit(*args: str) -> tuple[dict, float]:
     return json.loads(proc.stdout), time.perf_counter() - started
 
 
-def _tune_args(budget: float, out: str, step: int) -> list[str]:
-    return ["--time-budget", f"{budget:g}", "--trials", "1000000", "--out", out, *(["--resume"] if step else [])]
+def _tune_args(budget: float, out: str) -> list[str]:
+    return ["--time-budget", f"{budget:g}", "--trials", "1000000", "--out", out]
 
 
-def run_setups(members: list[Member], *, budget: float, steps: int, work: str) -> dict:
-    """{setup: {"artifacts", "wall_s", "trials", "curve": [(wall so far, [each model's tuned ms])]}}."""
+def estimated_ms(tasks: list[dict], at: float | None = None) -> float:
+    """A model's latency as its tasks' weighted sum (ms) at unix time `at` (None: at the end): each task at its
+    untuned time until the first time it fell (report `tasks[].fell_at`), then at the last it fell to by `at`."""
+    total = 0.0
+    for task in tasks:
+        fell = [us for when, us in task.get("fell_at", []) if at is None or when <= at]
+        start = task.get("untuned_us") or next((us for _, us in task.get("fell_at", [])), None)
+        us = fell[-1] if fell else start
+        total += task["weight"] * us if us is not None else 0.0
+    return total / 1000
+
+
+def estimated_curve(reports: list[dict], started: float) -> list:
+    """[(seconds since `started`, [each model's estimated ms])] at every time one of the models' tasks fell."""
+    times = sorted({when for report in reports for task in report["tasks"] for when, _ in task.get("fell_at", [])})
+    return [(when - started, [estimated_ms(report["tasks"], when) for report in reports]) for when in times]
+
+
+def _setup(artifacts, reports, *, started: float, trials: int) -> dict:
+    return {"artifacts": artifacts, "wall_s": time.time() - started, "trials": trials,
+            "curve": estimated_curve(reports, started), "estimated_ms": [estimated_ms(r["tasks"]) for r in reports]}
+
+
+def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple[str, ...]) -> dict:
+    """{setup: {"artifacts", "wall_s", "trials", "curve", "estimated_ms"}} for each of `setups`, each written to
+    <work>/runs.json as it ends (the curve: benchmarks.fleet.estimated_curve, from the tune reports)."""
     n, out = len(members), {}
-    fleet_file, wall, curve, trials = fleet_yaml(members, os.path.join(work, "fleet.yaml")), 0.0, [], 0
-    for step in range(steps):
-        payload, took = tunekit("tune", fleet_file, *_tune_args(budget / steps, os.path.join(work, "fleet"), step))
+
+    def done(setup: str, result: dict) -> None:
+        out[setup] = result
+        with open(os.path.join(work, "runs.json"), "w") as fh:
+            json.dump(out, fh, indent=1)
+
+    if "fleet" in setups:
+        started = time.time()
+        payload, _ = tunekit("tune", fleet_yaml(members, os.path.join(work, "fleet.yaml")),
+                             *_tune_args(budget, os.path.join(work, "fleet")))
         rows = payload["report"]["fleet"]  # in the file's order; a model that failed fails the tune (exit 1)
-        wall += took
-        trials += sum(payload["report"]["trials"]["measured"].values())
-        curve.append((wall, [row["tuned_ms"] for row in rows]))
-    untuned = [row["untuned_ms"] for row in rows]
-    out["fleet"] = {"artifacts": [row["artifact"] for row in rows], "wall_s": wall, "curve": curve, "trials": trials}
-    artifacts, trials, latest, curve, started = [], 0, list(untuned), [], time.perf_counter()
-    for i, m in enumerate(members):  # a model not tuned yet runs untuned
-        payload, _ = tunekit("tune", m.path, *m.flag, *_tune_args(budget / n, os.path.join(work, f"seq{i}"), 0))
-        artifacts.append(payload["artifact"])
-        trials += payload["trials"]
-        latest[i] = payload["tuned_ms"]
-        curve.append((time.perf_counter() - started, list(latest)))
-    out["sequential"] = {"artifacts": artifacts, "wall_s": time.perf_counter() - started, "trials": trials,
-                         "curve": curve}
-    wall, curve, trials = 0.0, [], 0
-    for step in range(steps):
-        started = time.perf_counter()
+        reports = [json.load(open(row["report"])) for row in rows]
+        done("fleet", _setup([row["artifact"] for row in rows], reports, started=started,
+                             trials=sum(payload["report"]["trials"]["measured"].values())))
+    if "sequential" in setups:
+        started, payloads = time.time(), []
+        for i, m in enumerate(members):
+            payloads.append(tunekit("tune", m.path, *m.flag, *_tune_args(budget / n, os.path.join(work, f"seq{i}")))[0])
+        done("sequential", _setup([p["artifact"] for p in payloads], [p["report"] for p in payloads],
+                                  started=started, trials=sum(p["trials"] for p in payloads)))
+    if "parallel" in setups:
+        started = time.time()
         procs = [subprocess.Popen([sys.executable, "-m", "tunekit.cli", "tune", m.path, *m.flag,
-                                   *_tune_args(budget / steps, os.path.join(work, f"par{i}"), step), "--json",
+                                   *_tune_args(budget, os.path.join(work, f"par{i}")), "--json",
                                    "--wait-for-share", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i, m in enumerate(members)]
         results = [proc.communicate() for proc in procs]
@@ -134,11 +163,8 @@ def run_setups(members: list[Member], *, budget: float, steps: int, work: str) -
             if proc.returncode != 0:
                 raise SystemExit(f"a parallel tune failed: {(stderr.strip().splitlines() or ['?'])[-1]}")
         payloads = [json.loads(stdout) for stdout, _ in results]
-        wall += time.perf_counter() - started
-        trials += sum(p["trials"] for p in payloads)
-        curve.append((wall, [p["tuned_ms"] for p in payloads]))
-    out["parallel"] = {"artifacts": [p["artifact"] for p in payloads], "wall_s": wall, "curve": curve,
-                       "trials": trials}
+        done("parallel", _setup([p["artifact"] for p in payloads], [p["report"] for p in payloads],
+                                started=started, trials=sum(p["trials"] for p in payloads)))
     return out
 
 
@@ -162,9 +188,11 @@ def bench_all(runs: dict, members: list[Member], *, rounds: int) -> dict:
 
 def table(members: list[Member], runs: dict, latency: dict, *, tolerance: float) -> str:
     """Per setup: each model's latency, the weighted sum and its ratio to sequential, trials, wall, and the wall until
-    every model reached its solo latency (sequential's, each model tuned alone for budget / n) with its ratio."""
+    every model reached its solo latency with its ratio. Latencies over time are the reports' estimates (tasks'
+    weighted sums); a model's solo latency is its estimate at the end of the sequential setup (tuned alone for
+    budget / n)."""
     weighted = {setup: sum(m.weight * t for m, t in zip(members, latency[setup])) for setup in runs}
-    solo = latency["sequential"]
+    solo = runs["sequential"]["estimated_ms"]
     reached = {setup: reached_at(run["curve"], solo, tolerance=tolerance) for setup, run in runs.items()}
     lines = [f"| setup | {' | '.join(f'{m.name} ({m.kind}{m.pct}, x{m.weight:g}) ms' for m in members)} | weighted sum ms "
              f"| / sequential | trials | wall s | every model at its solo latency, s | / sequential |",
@@ -176,9 +204,11 @@ def table(members: list[Member], runs: dict, latency: dict, *, tolerance: float)
                      f"{runs[setup]['trials']} | {runs[setup]['wall_s']:.0f} | "
                      + (f"{at:.0f}" if at is not None else "not reached") + " | "
                      + (f"{at / base:.3f}" if at is not None and base else "–") + " |")
-    return "\n".join(lines) + (f"\n\nSolo latency: each model's in the sequential setup (tuned alone for budget / "
-                                f"{len(members)}), within {tolerance:.0%}; walls are cumulative over the setup's "
-                                f"steps (tuned latencies from each step's reports).")
+    return "\n".join(lines) + (f"\n\nSolo latency: each model's estimated latency (its tasks' weighted sum) at the end "
+                                f"of the sequential setup (tuned alone for budget / {len(members)}), within "
+                                f"{tolerance:.0%}; a setup reaches it when every model's estimate, traced from the "
+                                f"times its tasks fell (report tasks[].fell_at), is there. Walls from each setup's "
+                                f"start; latencies in the model columns are `tunekit bench` p50s.")
 
 
 def main(argv=None) -> None:
@@ -188,19 +218,35 @@ def main(argv=None) -> None:
     p.add_argument("--image", type=int, default=64)
     p.add_argument("--share", default="cpu50", help="every example model's share, e.g. cpu50 or gpu25")
     p.add_argument("--budget", type=float, default=180, help="seconds of tuning per setup")
-    p.add_argument("--steps", type=int, default=1, help="resumed steps per setup (the fleet's and the parallel ones)")
+    p.add_argument("--setups", default=",".join(SETUPS), help="which setups to tune (the others from --runs)")
+    p.add_argument("--work", help="keep the setups' outputs and runs.json here (default: a temporary folder)")
+    p.add_argument("--runs", default="", help="runs.json files of setups tuned before (e.g. on another GPU)")
     p.add_argument("--tolerance", type=float, default=0.02, help="within this of the solo latency counts as reached")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results", default=os.path.join("tunekit-out", "fleet-bench.md"), help="write the table here")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="tunekit-fleet-bench-") as work:
+    setups = tuple(s for s in args.setups.split(",") if s)
+    if not set(setups) <= set(SETUPS):
+        raise SystemExit(f"--setups: each of {', '.join(SETUPS)}")
+    with contextlib.ExitStack() as stack:
+        work = args.work or stack.enter_context(tempfile.TemporaryDirectory(prefix="tunekit-fleet-bench-"))
+        os.makedirs(work, exist_ok=True)
         if args.fleet:
             members = members_of(args.fleet)
         else:
             kind, pct = args.share[:3], int(args.share[3:])
             members = [Member(path, kind, pct, 1.0, f"m{i}")
                        for i, path in enumerate(make_models(args.models, image=args.image, work=work))]
-        runs = run_setups(members, budget=args.budget, steps=args.steps, work=work)
+        runs = {}
+        for path in filter(None, args.runs.split(",")):
+            with open(path) as fh:
+                runs.update(json.load(fh))
+        runs.update(run_setups(members, budget=args.budget, work=work, setups=setups))
+        missing = [s for s in SETUPS if s not in runs]
+        if missing:
+            print(f"tuned {', '.join(runs)}; the table needs {', '.join(missing)} too (--runs)", file=sys.stderr)
+            return
+        runs = {setup: runs[setup] for setup in SETUPS}
         latency = bench_all(runs, members, rounds=args.rounds)
         text = table(members, runs, latency, tolerance=args.tolerance)
     write_results(text, args.results, script="fleet.py", argv=argv)

@@ -100,12 +100,19 @@ def test_the_fleet_benchmark_finds_when_every_model_first_reaches_its_solo_laten
     assert fleet.reached_at(curve[:2], solo, tolerance=0.02) is None
     members = [fleet.Member("a.onnx", "gpu", 40, 1.0, "a"), fleet.Member("b.onnx", "gpu", 60, 3.0, "b")]
     runs = {"fleet": {"curve": curve, "trials": 90, "wall_s": 400.0},
-            "sequential": {"curve": [(300.0, [1.0, 3.0]), (800.0, [1.0, 2.0])], "trials": 80, "wall_s": 800.0}}
+            "sequential": {"curve": [(300.0, [1.0, 3.0]), (800.0, [1.0, 2.0])], "trials": 80, "wall_s": 800.0,
+                           "estimated_ms": solo}}
     text = fleet.table(members, runs, {"fleet": [0.9, 1.9], "sequential": solo}, tolerance=0.02)
     row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
            if line.startswith("| fleet") or line.startswith("| sequential")}
     assert row["fleet"][2:4] == ["6.6000", f"{6.6 / 7.0:.3f}"]  # weighted 0.9 + 3 x 1.9 against 1.0 + 3 x 2.0
     assert row["fleet"][6:] == ["300", f"{300 / 800:.3f}"] and row["sequential"][6:] == ["800", "1.000"]
+    # the curve from two reports: each model's tasks' weighted sum, every task at its untuned time until it fell
+    a = {"tasks": [{"weight": 2, "untuned_us": 500.0, "fell_at": [[1010.0, 400.0], [1030.0, 300.0]]},
+                   {"weight": 1, "untuned_us": None, "fell_at": [[1020.0, 100.0]]}]}
+    b = {"tasks": [{"weight": 1, "untuned_us": 800.0, "fell_at": []}, {"weight": 3, "untuned_us": 50.0}]}
+    assert fleet.estimated_curve([a, b], 1000.0) == [(10.0, [0.9, 0.95]), (20.0, [0.9, 0.95]), (30.0, [0.7, 0.95])]
+    assert fleet.estimated_ms(a["tasks"], 1005.0) == 1.1 and fleet.estimated_ms(a["tasks"]) == 0.7
     # a fleet file's models with their own shares and weights, the file's share for those that name none
     path = tmp_path / "fleet.yaml"
     path.write_text("gpu_pct: 30\nmodels:\n  - a.onnx\n  - {model: b.onnx, gpu_pct: 70, weight: 2, name: bee}\n")

@@ -29,6 +29,7 @@ Two budget modes:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ..errors import error_line
@@ -56,6 +57,7 @@ class TaskState:
     untuned_us: float | None = None
     untuned_error: str | None = None  # why its untuned kernel (the per-task baseline) has no time
     history: list = field(default_factory=list)  # effective_us after each batch
+    fell_at: list = field(default_factory=list)  # [unix s, effective_us] each time a batch lowered it
     stale_batches: int = 0
     exhausted: bool = False
     negligible: bool = False  # under min_task_share of the model: not tuned
@@ -126,6 +128,8 @@ class TaskState:
         self.cached += cached
         self.batches += 1
         self.history.append(now)
+        if now is not None and (previous_us is None or now < previous_us):
+            self.fell_at.append([round(time.time(), 2), round(now, 3)])
 
 
 def mark_negligible(tasks: list[TaskState], min_share: float) -> None:

@@ -677,7 +677,7 @@ class SearchLoop:
                  **({"first_looks": t.first_looks} if t.first_looks else {}),
                  **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
-                 "tuned_us": round(t.best_us, 3) if t.best_us else None,
+                 "tuned_us": round(t.best_us, 3) if t.best_us else None, "fell_at": t.fell_at,
                  "flops": t.flops, "bytes": task_bytes(t.ctx.mod),
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
                  **({"untuned_error": t.untuned_error} if t.untuned_error else {}),
