@@ -128,9 +128,11 @@ def _setup(artifacts, reports, *, started: float, trials: int) -> dict:
             "curve": estimated_curve(reports, started), "estimated_ms": [estimated_ms(r["tasks"]) for r in reports]}
 
 
-def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple[str, ...]) -> dict:
+def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple[str, ...],
+               fleet_args: tuple[str, ...] = ()) -> dict:
     """{setup: {"artifacts", "wall_s", "trials", "curve", "estimated_ms"}} for each of `setups`, each written to
-    <work>/runs.json as it ends (the curve: benchmarks.fleet.estimated_curve, from the tune reports)."""
+    <work>/runs.json as it ends (the curve: benchmarks.fleet.estimated_curve, from the tune reports). `fleet_args`:
+    more options of the fleet's command (e.g. `--clients 2`: its search sharded over Ray tuning clients)."""
     n, out = len(members), {}
 
     def done(setup: str, result: dict) -> None:
@@ -141,7 +143,7 @@ def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple
     if "fleet" in setups:
         started = time.time()
         payload, _ = tunekit("tune", fleet_yaml(members, os.path.join(work, "fleet.yaml")),
-                             *_tune_args(budget, os.path.join(work, "fleet")))
+                             *_tune_args(budget, os.path.join(work, "fleet")), *fleet_args)
         rows = payload["report"]["fleet"]  # in the file's order; a model that failed fails the tune (exit 1)
         reports = [json.load(open(row["report"])) for row in rows]
         done("fleet", _setup([row["artifact"] for row in rows], reports, started=started,
@@ -220,6 +222,7 @@ def main(argv=None) -> None:
     p.add_argument("--budget", type=float, default=180, help="seconds of tuning per setup")
     p.add_argument("--setups", default=",".join(SETUPS), help="which setups to tune (the others from --runs)")
     p.add_argument("--work", help="keep the setups' outputs and runs.json here (default: a temporary folder)")
+    p.add_argument("--fleet-args", default="", help="more options of the fleet's command, e.g. '--clients 2'")
     p.add_argument("--runs", default="", help="runs.json files of setups tuned before (e.g. on another GPU)")
     p.add_argument("--tolerance", type=float, default=0.02, help="within this of the solo latency counts as reached")
     p.add_argument("--rounds", type=int, default=3)
@@ -241,7 +244,8 @@ def main(argv=None) -> None:
         for path in filter(None, args.runs.split(",")):
             with open(path) as fh:
                 runs.update(json.load(fh))
-        runs.update(run_setups(members, budget=args.budget, work=work, setups=setups))
+        runs.update(run_setups(members, budget=args.budget, work=work, setups=setups,
+                               fleet_args=tuple(args.fleet_args.split())))
         missing = [s for s in SETUPS if s not in runs]
         if missing:
             print(f"tuned {', '.join(runs)}; the table needs {', '.join(missing)} too (--runs)", file=sys.stderr)

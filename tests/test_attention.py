@@ -233,6 +233,18 @@ def test_a_long_attention_becomes_one_key_tiled_kernel_and_computes_the_same(tmp
     check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
 
 
+def test_the_experimental_key_tiles_switch_fuses_a_long_attention_where_the_default_does_not(tmp_path, monkeypatch):
+    from tunekit.experimental import ATTENTION_KEY_TILES_ENV, ExperimentalWarning
+    from tunekit.frontend.precision import prepare
+    from tunekit.run.session import load_model
+
+    mod = load_model(_attention_onnx(str(tmp_path / "long.onnx"), seq=1024, dim=64)).mod
+    monkeypatch.setenv(ATTENTION_KEY_TILES_ENV, "1")
+    with pytest.warns(ExperimentalWarning, match=ATTENTION_KEY_TILES_ENV):
+        names = _launches(prepare(mod, Target(H100), precision="fp16")[0])
+    assert [n for n in names if n.startswith("fused_attention")] and not [n for n in names if "softmax" in n], names
+
+
 def test_the_fused_kernel_is_built_as_written_and_never_searched(tmp_path):
     """Extraction lists the hand-written kernel as a task too, marked on its PrimFunc (the module's
     attrs are empty): the tuner must skip it (searching it crashed a BERT tune on the H100)."""

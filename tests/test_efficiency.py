@@ -29,6 +29,13 @@ def test_a_tuned_gemm_is_held_to_the_tensor_core_peak_and_bandwidth_of_its_share
     assert abs(simt["roofline_fraction"] - achieved / (133.8 * part)) < 1e-4
 
 
+def test_a_tiny_kernel_is_a_small_fraction_of_the_roofline_not_none_of_it():
+    rows = [{**FC1, "flops": 200.0, "bytes": 100, "tuned_us": 5.0}]  # an example transformer's cast, say
+    annotate_efficiency(rows, gpu_name="NVIDIA H200", sm_count=52, precision="fp16")
+    tiny = rows[0]["efficiency"]
+    assert 0 < tiny["roofline_fraction"] < 1e-4 and tiny["achieved_tflops"] > 0 and tiny["achieved_gbps"] > 0
+
+
 def test_no_roofline_where_the_peaks_are_not_known():
     rows = [dict(FC1)]
     assert annotate_efficiency(rows, gpu_name=None, sm_count=None, precision="fp32") is None  # a CPU share

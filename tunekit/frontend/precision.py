@@ -163,6 +163,7 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         return mod
     from tvm import relax
 
+    from ..experimental import attention_key_tiles
     from .attention import fuse_attention as fuse
     from .axes import positive_axes
     from .combine import combine_parallel_matmuls
@@ -188,8 +189,9 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         if split:
             log.info("fp16: %d matmuls split along K", split)
         if fuse_attention:
-            mod, fused = _optional("fused attention", lambda m: fuse(m, gpu=target_kind == "cuda"), mod, skipped,
-                                   counted=True)
+            key_tiles = attention_key_tiles()
+            mod, fused = _optional("fused attention", lambda m: fuse(m, gpu=target_kind == "cuda", key_tiles=key_tiles),
+                                   mod, skipped, counted=True)
             if fused:
                 log.info("fp16: %d attentions fused into one kernel each", fused)
         return _noted(mod, kept, skipped)

@@ -49,10 +49,15 @@ def annotate_efficiency(tasks: list[dict], *, gpu_name: str | None, sm_count: in
         achieved = row["flops"] / us / 1e6
         row["efficiency"] = {
             "kernel": ("tuned, tensor cores" if tensor_cores else "tuned") if tuned else "untuned",
-            "achieved_tflops": round(achieved, 3), "achieved_gbps": round(row["bytes"] / us / 1e3, 1),
+            "achieved_tflops": _digits(achieved, 6), "achieved_gbps": _digits(row["bytes"] / us / 1e3, 5),
             "bound": "compute" if compute <= memory else "memory",
-            "roofline_fraction": round(achieved / min(compute, memory), 4)}
+            "roofline_fraction": _digits(achieved / min(compute, memory), 4)}
     return {"gpu": gpu_name, "sm_count": sm_count, "of_sms": peak.sms,
             "peak_tflops": {"tensor_fp16": round(peak.tensor_fp16_tflops * part, 1),
                             "fp16": round(peak.fp16_tflops * part, 1), "fp32": round(peak.fp32_tflops * part, 1)},
             "bandwidth_gbps": round(bandwidth, 1)}
+
+
+def _digits(value: float, significant: int) -> float:
+    """Rounded to `significant` digits: a tiny kernel's fraction of the roofline is small, never 0."""
+    return float(f"{value:.{significant}g}")

@@ -3,18 +3,20 @@ a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
 
   per model: load, prepare, its own records dir's identity          (run.pipeline, as a single run does)
   the fleet's shares: sessions, runner fleets and build workers, started once for every model
-  per model: the untuned model measured at its share
+  per model: the untuned model built (all at once), then measured at its share
   one search over every model's tasks, each workload once, weighted by the model's weight x the workload's
     count in it: the scheduler's gradient rule then lowers the weighted sum of the models' latencies (Ansor's
     multi-DNN objective). In one process a candidate is measured at the shares of the models that have its
     workload; through Ray, each share's tasks (its models') are sharded over its tuning clients. Records go to
     <out>/records-<share>.
-  per model: the records of its workloads copied into its own records dir, then compiled, measured, reported
+  per model: the records of its workloads copied into its own records dir, compiled (all at once), then
+    measured and reported
 A model that fails (to load, to prepare, at its untuned or tuned build) never stops the others: its row in
 <out>/report.json says why.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -87,7 +89,7 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
     with contextlib.ExitStack() as stack:
         stack.enter_context(out_dir_lock(out))
         stack.enter_context(executor.connect())
-        for member in members:
+        for member in members:  # one at a time: TOPI's tag scope (legalizing) is one for the whole process
             _prepare(member)
         live = [m for m in members if not m.error]
         if not live:
@@ -140,13 +142,16 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
 
     with contextlib.ExitStack() as stack:
         sessions = stack.enter_context(executor.group_sessions(group))
-        for member in members:  # before the warm-up: the tasks the executor plans with depend on each precision
-            label = member.job.label
-            try:
-                member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]},
-                                                                 member.loaded)[label]
-            except Exception as exc:
-                member.fail("untuned", exc)
+        with _threads(len(members), "untuned") as pool:  # built at once (TVM compiles mostly outside the GIL)
+            builds = [m.pipeline.build_untuned_ahead(m.job, pool=pool) for m in members]
+            for member, build in zip(members, builds):  # before the warm-up: the tasks planned depend on precision
+                label = member.job.label
+                concurrent.futures.wait([build])
+                try:
+                    member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]},
+                                                                     member.loaded)[label]
+                except Exception as exc:
+                    member.fail("untuned", exc)
         tuned = [m for m in members if not m.error]
         if not tuned:
             log.warning("fleet: no model at %s has an untuned build", ", ".join(job.label for job in group))
@@ -165,9 +170,17 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
         finally:
             progress.close()
         jobs = {job.label: job for job in group}
-        for member in tuned:
-            _finish(member, jobs[member.job.label], outcomes[member.job.label], sessions[member.job.label], tuned)
+        with _threads(len(tuned), "tuned") as pool:  # every artifact built at once, then each timed and reported
+            own = {m.name: _build_ahead(m, jobs[m.job.label], outcomes[m.job.label], tuned, pool) for m in tuned}
+            for member in tuned:
+                if own[member.name] is not None:
+                    _finish(member, own[member.name], sessions[member.job.label])
         return outcomes
+
+
+def _threads(count: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max(1, min(count, os.cpu_count() or 1)),
+                                                 thread_name_prefix=f"tunekit-fleet-{name}")
 
 
 def merge_tasks(members: list[_Member], *, target) -> list:
@@ -205,15 +218,25 @@ def task_shares(tasks: list, members: list[_Member]) -> dict[str, set[str]]:
             for task in tasks}
 
 
-def _finish(member: _Member, job: ShareJob, outcome, session, tuned: list[_Member]) -> None:
-    """The member's records (its workloads' of the fleet's database) in its own records dir, then its
-    artifact compiled, measured and reported as a single run's."""
+def _build_ahead(member: _Member, job: ShareJob, outcome, members: list[_Member], pool):
+    """The member's records (its workloads' of the fleet's database) in its own records dir, and its tuned build
+    started on `pool`. Its own outcome (model_outcome), or None when that failed."""
     from ..records.subset import write_subset
 
     try:
         write_subset(job.db_dir, member.job.db_dir, set(member.keys))
-        member.result = member.pipeline.finish(member.job, member.loaded, model_outcome(outcome, member, tuned, job),
-                                               session, member.untuned)
+        own = model_outcome(outcome, member, members, job)
+        member.pipeline.build_tuned_ahead(member.job, member.loaded, own, pool=pool)
+        return own
+    except Exception as exc:
+        member.fail("tuned build", exc)
+        return None
+
+
+def _finish(member: _Member, outcome, session) -> None:
+    """The member's artifact (built ahead) measured and reported as a single run's."""
+    try:
+        member.result = member.pipeline.finish(member.job, member.loaded, outcome, session, member.untuned)
     except Exception as exc:
         member.fail("tuned build", exc)
 

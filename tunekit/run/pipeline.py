@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -64,6 +65,7 @@ class Pipeline:
         self._untuned_builds = UntunedBuilds()  # by (prepared module, target, graphs)
         self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
         self._timing_limit_s: dict[str, float] = {}  # share -> how long a timing may take, from the untuned one's
+        self._ahead: dict[str, tuple] = {}  # share -> (records, {path: its build's future}) from build_tuned_ahead
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -100,12 +102,13 @@ class Pipeline:
         write_bound_overrides(job.db_dir, self._bound_overrides())
 
     def _measure(self, job: ShareJob, session: ShareSession, *, path: str, database, cuda_graph=None,
-                 what: str, settle=None, compiled: bool = False) -> Measured:
-        """Compile (with `database`'s records; `compiled`: `path` is that build already), time at the share,
-        compare outputs to the reference, and refuse in one line an artifact past its precision's bound.
-        `settle(job)`: waits, after the compile, until the share is quiet enough to time on (the executor's
-        warm-up)."""
-        if not compiled:
+                 what: str, settle=None, compiled: bool = False, built=None) -> Measured:
+        """Compile (with `database`'s records; `compiled`: `path` is that build already; `built`: the future of
+        that build, started ahead), time at the share, compare outputs to the reference, and refuse in one line an
+        artifact past its precision's bound. `settle(job)`: waits, after the compile, until the share is quiet
+        enough to time on (the executor's warm-up)."""
+        ahead = built is not None and built.exception() is None
+        if not compiled and not ahead:  # a build ahead that failed is tried once more here, alone
             self._compile(job, path=path, database=database, cuda_graph=cuda_graph)
         if settle is not None:
             settle(job)
@@ -419,17 +422,47 @@ class Pipeline:
         log.warning("%d task(s) keep their untuned kernel: their tuned kernels broke the model", len(broken))
         return records_for(records, [key for key in applied if key not in broken])
 
+    def build_untuned_ahead(self, job: ShareJob, *, pool) -> concurrent.futures.Future:
+        """Compile `job`'s untuned model on `pool` (a fleet builds its models at once); measure_untuned then
+        times that build, or where it failed, compiles it again alone."""
+        return pool.submit(self._compile, job, path=self._untuned_path(job), database=None, cuda_graph=None)
+
+    def build_tuned_ahead(self, job: ShareJob, loaded: LoadedModel, outcome, *, pool) -> None:
+        """Compile `job`'s tuned model (and on a GPU its build without CUDA graphs) on `pool`, with the records
+        `finish` would apply (a fleet builds its models' artifacts at once); `finish` then times those builds."""
+        from ..clients.compiler import uses_cuda_graphs
+
+        records = self._records_to_apply(job, outcome)
+        variants = {self._artifact_path(job, loaded): None}
+        if uses_cuda_graphs(job.target):
+            variants[self._no_graph_path(job)] = False
+        self._ahead[job.label] = (records, {path: pool.submit(self._compile, job, path=path, database=records,
+                                                              cuda_graph=graphs)
+                                            for path, graphs in variants.items()})
+
+    def _artifact_path(self, job: ShareJob, loaded: LoadedModel) -> str:
+        return os.path.join(self.out, f"{loaded.name}-{job.label}.so")
+
+    @staticmethod
+    def _no_graph_path(job: ShareJob) -> str:
+        return os.path.join(job.work_dir, "tuned-no-cuda-graph.so")
+
     def finish(self, job: ShareJob, loaded: LoadedModel, outcome, session: ShareSession,
                 untuned: Measured) -> TuneResult:
         from ..clients.compiler import uses_cuda_graphs
         from ..records.database import count_trials, repaired_bytes
 
         finish_started = time.perf_counter()
-        artifact = os.path.join(self.out, f"{loaded.name}-{job.label}.so")
-        records = self._records_to_apply(job, outcome)
+        artifact = self._artifact_path(job, loaded)
+        records, built = self._ahead.pop(job.label, (None, {}))
+        records = records if records is not None else self._records_to_apply(job, outcome)
         try:
-            tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+            tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model",
+                                  built=built.get(artifact))
         except (numerics.NumericsRefused, TunedBuildFailed, LatencyFailed) as refused:
+            for future in built.values():  # built with records that are no longer applied
+                concurrent.futures.wait([future])
+            built = {}
             records = self._without_broken_records(job, session, outcome, records, refused)
             tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
         from ..frontend.precision import fp32_kept, skipped_steps
@@ -447,9 +480,8 @@ class Pipeline:
         if roofline is not None:  # a GPU of known peaks: tasks[].efficiency against it
             extra["roofline"] = roofline
         if uses_cuda_graphs(job.target):  # what the graphs buy: the same records, compiled without them
-            plain = self._measure(job, session, path=os.path.join(job.work_dir, "tuned-no-cuda-graph.so"),
-                                  database=records, cuda_graph=False,
-                                  what="the tuned model without CUDA graphs")
+            plain = self._measure(job, session, path=self._no_graph_path(job), database=records, cuda_graph=False,
+                                  what="the tuned model without CUDA graphs", built=built.get(self._no_graph_path(job)))
             extra["latency_without_cuda_graph_ms"] = plain.latency
         extra["artifact_choice"] = self._never_slower(untuned, tuned, artifact)
         if extra["artifact_choice"] == "untuned":
