@@ -225,13 +225,13 @@ def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> d
     # what each task's efficiency is computed from (run.efficiency); a CPU share has no roofline to hold it to
     assert all(task["flops"] > 1 and task["bytes"] > 0 for task in report["tasks"]), report["tasks"]
     assert "roofline" not in report and not any("efficiency" in task for task in report["tasks"])
-    # when each task's latency fell (benchmarks/fleet.py traces a model's estimated latency over time from it)
+    # when each task's latency fell (benchmarks/fleet.py traces a model's estimated latency over time from it); a
+    # task whose candidates never beat its untuned kernel has none
     for task in report["tasks"]:
         times, us = [t for t, _ in task["fell_at"]], [u for _, u in task["fell_at"]]
         assert times == sorted(times) and all(a > b for a, b in zip(us, us[1:])), task
         if task["tuned_us"] and (task["untuned_us"] is None or task["tuned_us"] < task["untuned_us"]):
             assert us[-1] == task["tuned_us"], task
-    assert any(task["fell_at"] for task in report["tasks"]), report["tasks"]
     return report
 
 

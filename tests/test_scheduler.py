@@ -240,3 +240,18 @@ def test_a_negligible_task_is_tuned_once_the_rest_of_the_model_is():
     before = _tasks([1000.0, 1000.0, 4.0])
     mark_negligible(before, 0.005)
     assert 2 not in _simulate(TaskScheduler(before, trials_per_iter=8), 8, lambda t: t.effective_us * 0.5)
+
+
+def test_a_task_notes_when_its_latency_fell_and_to_what():
+    """report tasks[].fell_at: benchmarks/fleet.py traces each model's estimated latency over a run from it."""
+    task = TaskState(0, "conv", 1.0, untuned_us=10.0)
+    for us in (12.0, 8.0, 9.0, 8.0, 5.0):  # slower than untuned, a fall, two that are not, a fall
+        previous = task.effective_us
+        task.record(us)
+        task.after_batch(previous, fresh=1, cached=0)
+    assert [us for _, us in task.fell_at] == [8.0, 5.0]
+    assert task.fell_at[0][0] <= task.fell_at[1][0]
+    unmeasured = TaskState(1, "dense", 1.0)  # no untuned time: its first result is its first fall
+    unmeasured.record(7.0)
+    unmeasured.after_batch(None, fresh=1, cached=0)
+    assert [us for _, us in unmeasured.fell_at] == [7.0]
