@@ -99,6 +99,9 @@ def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_ot
     assert report["tasks"]["searched"] == report["tasks"]["in_models"] - report["tasks"]["shared"]
     assert report["weighted_latency_ms"]["tuned"] == pytest.approx(rows["a"]["tuned_ms"] + 3 * rows["b"]["tuned_ms"],
                                                                    rel=1e-3)
+    steps = report["command_s"]  # where the fleet's wall went, step by step
+    assert set(steps) == {"prepare_s", "sessions_s", "untuned_s", "tasks_s", "warm_up_s", "tune_s", "finish_s"}
+    assert all(t >= 0 for t in steps.values()) and sum(steps.values()) <= report["wall_s"]
 
     fleet_db = out / "records-cpu100"
     keys = Counter(record_keys(fleet_db))

@@ -32,6 +32,7 @@ from .executor import ShareJob
 from .pipeline import Pipeline
 from .report import write_report
 from .session import check_out_dir
+from .steps import StepTimes
 
 log = logging.getLogger("tunekit")
 
@@ -86,11 +87,13 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
                                                     config=config, executor=executor))
                for name, entry, share in zip(member_names(models), models, shares)]
     outcomes: dict = {}
+    steps = StepTimes()
     with contextlib.ExitStack() as stack:
         stack.enter_context(out_dir_lock(out))
         stack.enter_context(executor.connect())
-        for member in members:  # one at a time: TOPI's tag scope (legalizing) is one for the whole process
-            _prepare(member)
+        with steps("prepare_s"):
+            for member in members:  # one at a time: TOPI's tag scope (legalizing) is one for the whole process
+                _prepare(member)
         live = [m for m in members if not m.error]
         if not live:
             raise RunFailed("no model of the fleet could be prepared: " + "; ".join(f"{m.name}: {m.error}" for m in members))
@@ -99,8 +102,10 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
             executor.recover(job)
         for group in executor.groups(jobs):
             labels = {job.label for job in group}
-            outcomes.update(_tune(group, [m for m in live if m.job.label in labels], executor, show_progress))
+            outcomes.update(_tune(group, [m for m in live if m.job.label in labels], executor, show_progress,
+                                  steps))
     report = fleet_report(members, outcomes, jobs, started=started, config=config)
+    report["command_s"] = steps.times  # where the fleet's wall went, summed over its groups
     return FleetResult(out_dir=out, report_path=write_report(report, out),
                        results={m.name: m.result for m in members if m.result is not None},
                        failed={m.name: m.error for m in members if m.error}, report=report)
@@ -135,14 +140,15 @@ def _share_jobs(live: list[_Member], out: str, config: TuneConfig) -> list[Share
     return list(jobs.values())
 
 
-def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress: bool) -> dict:
+def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress: bool, steps: StepTimes) -> dict:
     """One group of the fleet's shares: its models' untuned builds timed, then one tuning of their tasks, then
     each model's artifact. {share label: TuningOutcome}."""
     from ..clients.progress import ProgressBar
 
     with contextlib.ExitStack() as stack:
-        sessions = stack.enter_context(executor.group_sessions(group))
-        with _threads(len(members), "untuned") as pool:  # built at once (TVM compiles mostly outside the GIL)
+        with steps("sessions_s"):
+            sessions = stack.enter_context(executor.group_sessions(group))
+        with steps("untuned_s"), _threads(len(members), "untuned") as pool:  # built at once (TVM compiles mostly outside the GIL)
             builds = [m.pipeline.build_untuned_ahead(m.job, pool=pool) for m in members]
             for member, build in zip(members, builds):  # before the warm-up: the tasks planned depend on precision
                 label = member.job.label
@@ -157,20 +163,24 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
             log.warning("fleet: no model at %s has an untuned build", ", ".join(job.label for job in group))
             return {}
         every_share = executor.measures_every_share(group)
-        for job in group:
-            job.tasks = merge_tasks([m for m in tuned if every_share or m.job.label == job.label], target=job.target)
-        if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
-            wanted = task_shares(group[0].tasks, tuned)
+        with steps("tasks_s"):
             for job in group:
-                job.task_shares = wanted
-        stack.enter_context(executor.warm_up(group, sessions))
+                job.tasks = merge_tasks([m for m in tuned if every_share or m.job.label == job.label],
+                                        target=job.target)
+            if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
+                wanted = task_shares(group[0].tasks, tuned)
+                for job in group:
+                    job.task_shares = wanted
+        with steps("warm_up_s"):
+            stack.enter_context(executor.warm_up(group, sessions))
         progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
         try:
-            outcomes = executor.tune(group, sessions, progress)
+            with steps("tune_s"):
+                outcomes = executor.tune(group, sessions, progress)
         finally:
             progress.close()
         jobs = {job.label: job for job in group}
-        with _threads(len(tuned), "tuned") as pool:  # every artifact built at once, then each timed and reported
+        with steps("finish_s"), _threads(len(tuned), "tuned") as pool:  # every artifact built at once, then each timed and reported
             own = {m.name: _build_ahead(m, jobs[m.job.label], outcomes[m.job.label], tuned, pool) for m in tuned}
             for member in tuned:
                 if own[member.name] is not None:

@@ -28,6 +28,7 @@ from .. import numerics
 from .executor import ShareJob
 from .report import tune_report, write_report
 from .session import LoadedModel, ShareSession, check_out_dir, device_name, load_model
+from .steps import StepTimes
 from .untuned_builds import UntunedBuilds
 
 log = logging.getLogger("tunekit")
@@ -60,7 +61,7 @@ class Pipeline:
         self.show_progress = show_progress
         self.share_choice = share_choice
         self.started = time.time()
-        self.steps: dict[str, float] = {}
+        self._step = StepTimes()
         self.robust: dict | None = None  # --robust: the share-robust artifact and its regret matrix
         self._untuned_builds = UntunedBuilds()  # by (prepared module, target, graphs)
         self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
@@ -223,15 +224,6 @@ class Pipeline:
         return {"max_output_error": self.config.max_output_error, "min_output_cosine": self.config.min_output_cosine}
 
     # ---------------------------------------------------------------- the run
-    @contextlib.contextmanager
-    def _step(self, name: str):
-        """Time a step of the command (report: `command_s`, where the time outside tuning goes)."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.steps[name] = round(self.steps.get(name, 0.0) + time.perf_counter() - started, 3)
-
     def load(self):
         from ..records.database import find_share_databases
 
@@ -495,7 +487,7 @@ class Pipeline:
         report.update(extra)
         self._describe(loaded, job, untuned.path, share_label=None, trials=0, db_dir=None)
         self._describe(loaded, job, artifact, share_label=job.label, trials=count_trials(job.db_dir), db_dir=job.db_dir)
-        report["command_s"] = {**self.steps, "tuning_wall_s": round(outcome.wall_s, 3),
+        report["command_s"] = {**self._step.times, "tuning_wall_s": round(outcome.wall_s, 3),
                                "finish_s": round(time.perf_counter() - finish_started, 3)}
         name = "report.json" if len(self.shares) == 1 else f"report-{job.label}.json"
         path = write_report(report, self.out, name=name)
