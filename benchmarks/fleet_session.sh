@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 54's fleet benchmark on the device, in the background, with device calls of <= 10 minutes that wait on it.
+#   bash benchmarks/fleet_session.sh start        # exports the zoo models, then the setups (below)
+#   bash benchmarks/fleet_session.sh wait 540     # progress; results so far come back in $OUT
+# FLEET="zoo model:pct,..." (default resnet50:40,mobilenet_v2:20,bert_base:20,distilbert:20: shares summing to 100%,
+# two CNNs and two transformers that share workloads), FLEET_BUDGET seconds of tuning per setup (default 200),
+# FLEET_ARGS more options of the fleet's command (e.g. "--clients 4"), ROUNDS of timing every artifact (default 1:
+# a `tunekit bench` at a share costs about 25 s), SHARE_ROUNDS of share_concurrency.py on the fleet's artifacts
+# (default 4; 0: none). With two GPUs the one-after-another setup runs on GPU 1 beside the other two on GPU 0, each
+# on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in turn.
+set -uo pipefail
+export PYTHONPATH=/root/site:/tmp/fleet-tree CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+OUT=${OUT:-/tmp/fleet-out}; R=/tmp/fleetres; mkdir -p "$OUT" "$R"
+copy() { tar czf "$OUT/fleetres.tgz" --exclude='*.so' --exclude='*.onnx' --exclude='records-*' -C /tmp fleetres 2>/dev/null; true; }
+trap copy EXIT
+case "$1" in
+  start)
+    FLEET=${FLEET:-resnet50:40,mobilenet_v2:20,bert_base:20,distilbert:20}; B=${FLEET_BUDGET:-200}
+    gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}; half=$(( $(nproc) / 2 ))
+    rm -rf /tmp/fleet-tree && mkdir -p /tmp/fleet-tree  # every device call copies the tree over the checkout again
+    tar cf - --exclude=./.git --exclude='./.devcarry-*' . | tar xf - -C /tmp/fleet-tree
+    { echo "models:"; for item in ${FLEET//,/ }; do
+        echo "  - {model: /tmp/zoo/models/${item%%:*}.onnx, gpu_pct: ${item##*:}, name: ${item%%:*}}"; done; } > $R/fleet.yaml
+    fleet="python3 benchmarks/fleet.py --fleet $R/fleet.yaml --budget $B"
+    {
+      echo "set -u; cd /tmp/fleet-tree"
+      for item in ${FLEET//,/ }; do  # side by side: about 25 s each
+        echo "python3 benchmarks/zoo.py export --work /tmp/zoo --models ${item%%:*} > $R/export-${item%%:*}.log 2>&1 &"
+      done
+      echo "wait; echo exported"
+      if [ "$gpus" -ge 2 ]; then
+        echo "(CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((2 * half - 1)) $fleet --setups sequential --work /tmp/fleet-seq" \
+             "> $R/sequential.log 2>&1; echo \"sequential rc=\$?\") &"
+        echo "CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) $fleet --setups fleet,parallel --work /tmp/fleet-main" \
+             "--fleet-args \"${FLEET_ARGS:-}\" > $R/fleet.log 2>&1; echo \"fleet, parallel rc=\$?\"; wait"
+        echo "cp /tmp/fleet-*/runs.json $R/ 2>/dev/null"
+        echo "CUDA_VISIBLE_DEVICES=0 $fleet --setups '' --runs /tmp/fleet-main/runs.json,/tmp/fleet-seq/runs.json" \
+             "--rounds ${ROUNDS:-1} --results $R/fleet.md > $R/table.log 2>&1; echo \"table rc=\$?\""
+      else  # the three setups in turn, then the table
+        echo "$fleet --work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" --rounds ${ROUNDS:-1} --results $R/fleet.md" \
+             "> $R/fleet.log 2>&1; echo \"setups and table rc=\$?\"; cp /tmp/fleet-main/runs.json $R/"
+      fi
+      [ "${SHARE_ROUNDS:-4}" -gt 0 ] && echo "CUDA_VISIBLE_DEVICES=0 python3 benchmarks/share_concurrency.py --kind gpu" \
+        "--artifacts \$(python3 -c \"import json; r = json.load(open('/tmp/fleet-main/runs.json'))['fleet']['artifacts'];" \
+        "print(','.join(a + ':' + p for a, p in zip(r, '${FLEET}'.replace(',', ':').split(':')[1::2])))\")" \
+        "--rounds ${SHARE_ROUNDS:-4} --repeats 1000 --results $R/share.md > $R/share.log 2>&1; echo \"share rc=\$?\""
+      echo "echo chain done"
+    } > /tmp/fleet-chain.sh
+    [ -n "${DRY:-}" ] && { cat /tmp/fleet-chain.sh; exit 0; }
+    (setsid nohup bash /tmp/fleet-chain.sh > "$R/chain.log" 2>&1 < /dev/null &)
+    echo "fleet chain in the background: $FLEET, $B s per setup, $gpus GPU(s)"
+    ;;
+  wait)
+    end=$((SECONDS + ${2:-540}))
+    while [ $SECONDS -lt $end ] && ! grep -q "chain done" "$R/chain.log" 2>/dev/null; do sleep 10; done
+    cat "$R/chain.log"; cat "$R/fleet.md" "$R/share.md" 2>/dev/null; cp "$R/fleet.md" "$R/share.md" "$OUT/" 2>/dev/null; true
+    ;;
+esac
