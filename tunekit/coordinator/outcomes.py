@@ -18,6 +18,12 @@ def fold_extra(outcome: dict, extra: dict) -> None:
         mine["exhausted"] = row.get("exhausted", False)
         if row.get("fallback"):
             mine.setdefault("fallback", row["fallback"])
+        fell = mine.setdefault("fell_at", [])
+        reached = [us for us in (mine.get("tuned_us"), mine.get("untuned_us")) if us] + [p[1] for p in fell[-1:]]
+        for point in row.get("fell_at", []):  # the round's falls below what the shard had reached
+            if not reached or point[1] < min(reached):
+                fell.append(point)
+                reached = [point[1]]
         if row.get("tuned_us") and (mine.get("tuned_us") is None or row["tuned_us"] < mine["tuned_us"]):
             mine["tuned_us"] = row["tuned_us"]
             if mine.get("untuned_us"):
