@@ -145,7 +145,10 @@ def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple
         payload, _ = tunekit("tune", fleet_yaml(members, os.path.join(work, "fleet.yaml")),
                              *_tune_args(budget, os.path.join(work, "fleet")), *fleet_args)
         rows = payload["report"]["fleet"]  # in the file's order; a model that failed fails the tune (exit 1)
-        reports = [json.load(open(row["report"])) for row in rows]
+        reports = []
+        for row in rows:
+            with open(row["report"]) as fh:
+                reports.append(json.load(fh))
         done("fleet", _setup([row["artifact"] for row in rows], reports, started=started,
                              trials=sum(payload["report"]["trials"]["measured"].values())))
     if "sequential" in setups:

@@ -1,4 +1,6 @@
 """UntunedBuilds (run/untuned_builds.py): an untuned build is copied, not built again, only while its file holds it."""
+import os
+
 from tunekit.run.untuned_builds import UntunedBuilds
 
 
@@ -16,6 +18,9 @@ def test_an_untuned_build_is_reused_only_while_its_file_still_holds_it(tmp_path)
 
     first, second, third = (str(tmp_path / name) for name in ("untuned-gpu100.so", "untuned-gpu40.so", "x.so"))
     builds.build(first, writer(first, "fp16"), key="fp16 module")
+    inode = os.stat(first).st_ino
+    builds.build(first, writer(first, "fp16 again"), key="fp16 module")  # built ahead, then asked for at its path
+    assert os.stat(first).st_ino == inode and made == ["fp16"]  # neither built again nor copied onto itself
     builds.build(second, writer(second, "fp16 again"), key="fp16 module")
     assert open(second).read() == "fp16" and made == ["fp16"]  # copied, not built again
     builds.build(first, writer(first, "fp32"), key="fp32 module")  # the fallback, over the same file

@@ -148,7 +148,8 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
     with contextlib.ExitStack() as stack:
         with steps("sessions_s"):
             sessions = stack.enter_context(executor.group_sessions(group))
-        with steps("untuned_s"), _threads(len(members), "untuned") as pool:  # built at once (TVM compiles mostly outside the GIL)
+        # the untuned builds at once (TVM compiles mostly outside the GIL), timed one after another
+        with steps("untuned_s"), _threads(len(members), "untuned") as pool:
             builds = [m.pipeline.build_untuned_ahead(m.job, pool=pool) for m in members]
             for member, build in zip(members, builds):  # before the warm-up: the tasks planned depend on precision
                 label = member.job.label
@@ -180,7 +181,8 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
         finally:
             progress.close()
         jobs = {job.label: job for job in group}
-        with steps("finish_s"), _threads(len(tuned), "tuned") as pool:  # every artifact built at once, then each timed and reported
+        # every artifact built at once, then each timed and reported
+        with steps("finish_s"), _threads(len(tuned), "tuned") as pool:
             own = {m.name: _build_ahead(m, jobs[m.job.label], outcomes[m.job.label], tuned, pool) for m in tuned}
             for member in tuned:
                 if own[member.name] is not None:

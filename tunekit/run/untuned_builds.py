@@ -18,8 +18,9 @@ class UntunedBuilds:
         was compiled to the path where the fp16 build was kept, and the next share then timed and
         checked the fp32 build as its fp16 model."""
         if key is not None and key in self._paths:
-            shutil.copyfile(self._paths[key], path + ".tmp")
-            os.replace(path + ".tmp", path)
+            if self._paths[key] != path:  # the same path: it holds that build already (built ahead)
+                shutil.copyfile(self._paths[key], path + ".tmp")
+                os.replace(path + ".tmp", path)
             return
         self._paths = {k: p for k, p in self._paths.items() if p != path}
         write()
