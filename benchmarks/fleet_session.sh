@@ -7,7 +7,9 @@
 # FLEET_ARGS more options of the fleet's command (e.g. "--clients 4"), ROUNDS of timing every artifact (default 1:
 # a `tunekit bench` at a share costs about 25 s), SHARE_ROUNDS of share_concurrency.py on the fleet's artifacts
 # (default 4; 0: none). With two GPUs the one-after-another setup runs on GPU 1 beside the other two on GPU 0, each
-# on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in turn.
+# on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in turn. With four, one setup per GPU
+# and quarter of the cores, GPU 3 tuning a second fleet (FLEET_ARGS_B, default "--clients 4") with its own table;
+# AFTER_PARALLEL, AFTER_TABLE, AFTER_TABLE_B: commands for GPU 2, 0 and 3 once their work is done; EXPORT_MORE: zoo models.
 set -uo pipefail
 export PYTHONPATH=/root/site:/tmp/fleet-tree CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 OUT=${OUT:-/tmp/fleet-out}; R=/tmp/fleetres; mkdir -p "$OUT" "$R"
@@ -24,11 +26,27 @@ case "$1" in
     fleet="python3 benchmarks/fleet.py --fleet $R/fleet.yaml --budget $B"
     {
       echo "set -u; cd /tmp/fleet-tree"
-      for item in ${FLEET//,/ }; do  # side by side: about 25 s each
-        echo "python3 benchmarks/zoo.py export --work /tmp/zoo --models ${item%%:*} > $R/export-${item%%:*}.log 2>&1 &"
+      for name in $(for item in ${FLEET//,/ }; do echo "${item%%:*}"; done) ${EXPORT_MORE:-}; do  # about 25 s each
+        echo "python3 benchmarks/zoo.py export --work /tmp/zoo --models $name > $R/export-$name.log 2>&1 &"
       done
       echo "wait; echo exported"
-      if [ "$gpus" -ge 2 ]; then
+      if [ "$gpus" -ge 4 ]; then  # one setup per GPU, each on a quarter of the cores; GPU 3: the fleet with FLEET_ARGS_B
+        q=$(( $(nproc) / 4 ))
+        on() { echo "CUDA_VISIBLE_DEVICES=$1 taskset -c $(( $1 * q ))-$(( $1 * q + q - 1 ))"; }
+        echo "($(on 1) $fleet --setups sequential --work /tmp/fleet-seq > $R/sequential.log 2>&1; echo \"sequential rc=\$?\") &"
+        echo "($(on 2) $fleet --setups parallel --work /tmp/fleet-par > $R/parallel.log 2>&1; echo \"parallel rc=\$?\";" \
+             "${AFTER_PARALLEL:-true}) &"
+        echo "($(on 3) $fleet --setups fleet --work /tmp/fleet-b --fleet-args \"${FLEET_ARGS_B:---clients 4}\"" \
+             "> $R/fleet-b.log 2>&1; echo \"fleet B rc=\$?\") &"
+        echo "$(on 0) $fleet --setups fleet --work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" > $R/fleet.log 2>&1;" \
+             "echo \"fleet rc=\$?\"; while pgrep -f 'fleet.py --fleet' > /dev/null; do sleep 5; done"
+        echo "for d in main seq par b; do cp /tmp/fleet-\$d/runs.json $R/runs-\$d.json 2>/dev/null; done"
+        echo "($(on 3) $fleet --setups '' --runs /tmp/fleet-b/runs.json,/tmp/fleet-seq/runs.json,/tmp/fleet-par/runs.json" \
+             "--rounds ${ROUNDS:-1} --results $R/fleet-b.md > $R/table-b.log 2>&1; echo \"table B rc=\$?\"; ${AFTER_TABLE_B:-true}) &"
+        share_on=$(on 1)
+        echo "($(on 0) $fleet --setups '' --runs /tmp/fleet-main/runs.json,/tmp/fleet-seq/runs.json,/tmp/fleet-par/runs.json" \
+             "--rounds ${ROUNDS:-1} --results $R/fleet.md > $R/table.log 2>&1; echo \"table rc=\$?\"; ${AFTER_TABLE:-true}) &"
+      elif [ "$gpus" -ge 2 ]; then
         echo "(CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((2 * half - 1)) $fleet --setups sequential --work /tmp/fleet-seq" \
              "> $R/sequential.log 2>&1; echo \"sequential rc=\$?\") &"
         echo "CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) $fleet --setups fleet,parallel --work /tmp/fleet-main" \
@@ -40,11 +58,11 @@ case "$1" in
         echo "$fleet --work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" --rounds ${ROUNDS:-1} --results $R/fleet.md" \
              "> $R/fleet.log 2>&1; echo \"setups and table rc=\$?\"; cp /tmp/fleet-main/runs.json $R/"
       fi
-      [ "${SHARE_ROUNDS:-4}" -gt 0 ] && echo "CUDA_VISIBLE_DEVICES=0 python3 benchmarks/share_concurrency.py --kind gpu" \
+      [ "${SHARE_ROUNDS:-4}" -gt 0 ] && echo "${share_on:-CUDA_VISIBLE_DEVICES=0} python3 benchmarks/share_concurrency.py --kind gpu" \
         "--artifacts \$(python3 -c \"import json; r = json.load(open('/tmp/fleet-main/runs.json'))['fleet']['artifacts'];" \
         "print(','.join(a + ':' + p for a, p in zip(r, '${FLEET}'.replace(',', ':').split(':')[1::2])))\")" \
         "--rounds ${SHARE_ROUNDS:-4} --repeats 1000 --results $R/share.md > $R/share.log 2>&1; echo \"share rc=\$?\""
-      echo "echo chain done"
+      echo "wait; echo chain done"
     } > /tmp/fleet-chain.sh
     [ -n "${DRY:-}" ] && { cat /tmp/fleet-chain.sh; exit 0; }
     (setsid nohup bash /tmp/fleet-chain.sh > "$R/chain.log" 2>&1 < /dev/null &)
@@ -53,6 +71,6 @@ case "$1" in
   wait)
     end=$((SECONDS + ${2:-540}))
     while [ $SECONDS -lt $end ] && ! grep -q "chain done" "$R/chain.log" 2>/dev/null; do sleep 10; done
-    cat "$R/chain.log"; cat "$R/fleet.md" "$R/share.md" 2>/dev/null; cp "$R/fleet.md" "$R/share.md" "$OUT/" 2>/dev/null; true
+    cat "$R/chain.log"; cat "$R"/*.md 2>/dev/null; cp "$R"/*.md "$OUT/" 2>/dev/null; true
     ;;
 esac

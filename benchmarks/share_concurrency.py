@@ -60,8 +60,9 @@ def time_at(artifact: str, pct: int, *, kind: str, repeats: int) -> tuple[float,
     return result.p50_ms, result.p90_ms
 
 
-def rounds(artifacts: list[tuple[str, int]], *, kind: str, repeats: int, count: int) -> list[dict]:
-    """Per round: {"alone": [(p50, p90) per artifact], "together": [...]}, the order of the two alternating."""
+def rounds(artifacts: list[tuple[str, int]], *, kind: str, repeats: int, count: int, on_round=None) -> list[dict]:
+    """Per round: {"alone": [(p50, p90) per artifact], "together": [...]}, the order of the two alternating;
+    `on_round(rounds so far)` after each (a run cut short keeps its table)."""
     out = []
     for r in range(count):
         row = {}
@@ -73,6 +74,8 @@ def rounds(artifacts: list[tuple[str, int]], *, kind: str, repeats: int, count: 
                     row[setting] = list(pool.map(lambda ap: time_at(ap[0], ap[1], kind=kind, repeats=repeats),
                                                  artifacts))
         out.append(row)
+        if on_round is not None:
+            on_round(out)
     return out
 
 
@@ -117,8 +120,9 @@ def main(argv=None) -> None:
                      tuned_artifacts(parse_pairs(args.onnx), kind=args.kind, trials=args.trials, work=work))
         if sum(pct for _, pct in artifacts) > 100:
             raise SystemExit("the shares sum past 100%: side by side they would not fit on the device")
-        text = table(artifacts, rounds(artifacts, kind=args.kind, repeats=args.repeats, count=args.rounds))
-    write_results(text, args.results, script="share_concurrency.py", argv=argv)
+        rounds(artifacts, kind=args.kind, repeats=args.repeats, count=args.rounds,
+               on_round=lambda done: write_results(table(artifacts, done), args.results,
+                                                   script="share_concurrency.py", argv=argv))
 
 
 if __name__ == "__main__":

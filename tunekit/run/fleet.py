@@ -148,15 +148,20 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
     with contextlib.ExitStack() as stack:
         with steps("sessions_s"):
             sessions = stack.enter_context(executor.group_sessions(group))
+            for session in sessions.values():
+                session.latency_process()  # started now: its start overlaps the untuned builds
+        # an executor whose warm-up plans the tasks waits for the untuned builds (they settle each model's precision)
+        warm = stack.enter_context(executor.warm_up(group, sessions)) if executor.warms_up_without_tasks else None
         # the untuned builds at once (TVM compiles mostly outside the GIL), timed one after another
         with steps("untuned_s"), _threads(len(members), "untuned") as pool:
             builds = [m.pipeline.build_untuned_ahead(m.job, pool=pool) for m in members]
-            for member, build in zip(members, builds):  # before the warm-up: the tasks planned depend on precision
+            for member, build in zip(members, builds):
                 label = member.job.label
                 concurrent.futures.wait([build])
                 try:
                     member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]},
-                                                                     member.loaded)[label]
+                                                                     member.loaded,
+                                                                     settle=warm.settle if warm else None)[label]
                 except Exception as exc:
                     member.fail("untuned", exc)
         tuned = [m for m in members if not m.error]
@@ -172,8 +177,9 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
                 wanted = task_shares(group[0].tasks, tuned)
                 for job in group:
                     job.task_shares = wanted
-        with steps("warm_up_s"):
-            stack.enter_context(executor.warm_up(group, sessions))
+        if warm is None:
+            with steps("warm_up_s"):
+                stack.enter_context(executor.warm_up(group, sessions))
         progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
         try:
             with steps("tune_s"):
