@@ -216,6 +216,20 @@ def test_four_clients_tune_every_task_within_its_budget(four_clients):
 
 
 @pytest.mark.e2e
+def test_the_time_budget_holds_for_the_whole_run_not_for_each_round_of_the_clients(example_model, tmp_path):
+    """--time-budget with trials to spare: the pool still holds trials when the clients stop, and a leftover round
+    given a fresh budget tuned a fleet on the H200 for 660 s of a 200 s budget. Past the budget, none is given."""
+    budget = 12
+    proc = run_cli("tune", example_model, "--cpu-pct", "50", "--clients", "2", "--trials", "100000",
+                   "--trials-per-iter", "2", "--time-budget", str(budget), "--out", tmp_path / "run", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    assert report["trials"]["measured"] > 0 and report["tuning_wall_s"] < 1.5 * budget, report["tuning_wall_s"]
+    coord = report["coordinator"]
+    assert coord["pool"]["available"] > 0 and coord["leftover_shards"] == [], coord
+
+
+@pytest.mark.e2e
 def test_a_clients_task_sends_batches_ahead_within_its_own_budget(example_model, tmp_path):
     """Per-task budgets (a coordinator client) with batches sent from a task's reserve: 2 tasks to tune over 2 clients, each client's
     pipeline 3 deep, so a client's one task sends batches from its reserve while others are in flight. Its

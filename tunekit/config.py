@@ -89,8 +89,7 @@ class TuneConfig:
     oversubscribe: bool = False
     share_wait_s: float = 0.0
     # One measurement at a time per device (shares.measure_lock): "auto" = on a GPU only (servers there
-    # share memory bandwidth and L2; CPU shares have disjoint cores), true, false; "share" (experimental): one at
-    # a time per share, different shares of a device side by side.
+    # share memory bandwidth and L2; CPU shares have disjoint cores), true, false.
     measure_lock: bool | str = "auto"
     measure_repeats: int = 20        # latency repeats for before/after numbers
     # ---- faults and security (README "Security"): no runner server of the share reachable for this long
@@ -153,8 +152,6 @@ class TuneConfig:
         for f in dataclasses.fields(TuneConfig):
             if f.name in EXPERIMENTAL and getattr(self, f.name) != _default(f):
                 warn_experimental_argument(f.name)
-        if self.measure_lock == "share":  # its timing noise against the device lock is not yet measured (issue 54)
-            warn_experimental_argument("measure_lock: share")
 
 
 def _default(f: dataclasses.Field):
@@ -187,7 +184,7 @@ _CHECKS = {
     "precision": (_one_of("auto", "fp32", "fp16"), "auto, fp32 or fp16"),
     "engine": (_one_of("tunekit", "stock"), "'tunekit' or 'stock'"),
     "overlap": (_one_of(True, False, "auto"), "true, false or auto"),
-    "measure_lock": (_one_of(True, False, "auto", "share"), "true, false, auto or share"),
+    "measure_lock": (_one_of(True, False, "auto"), "true, false or auto"),
 }
 
 # Fields that ship experimental: setting one warns (tunekit.experimental) until a benchmark keeps or deletes it.

@@ -57,16 +57,16 @@ log = logging.getLogger("tunekit.runner")
 NOT_MEASURED = "tunekit SessionRunner: not measured"
 
 
-MEASURE_LOCKS = (True, False, "auto", "share")
+MEASURE_LOCKS = (True, False, "auto")
 
 
-def lock_name(setting, *, on_gpu: bool, device: str, share: str) -> str | None:
-    """The measurement lock a candidate takes under `setting` (TuneConfig.measure_lock): None (no lock), its
-    device's, or with "share" (experimental) its share's turn on the device: measurements at one share take turns,
-    measurements at different shares of the device run side by side."""
+def lock_name(setting, *, on_gpu: bool, device: str) -> str | None:
+    """The measurement lock a candidate takes under `setting` (TuneConfig.measure_lock): None (no lock) or its
+    device's. Never one per share: shares of a GPU measured side by side time up to 26% slower than alone
+    (benchmarks/RESULTS.md, "a fleet on four H200s")."""
     if setting is False or (setting == "auto" and not on_gpu):
         return None
-    return f"{device}-{share}" if setting == "share" else device
+    return device
 
 
 class ServersGone(RunFailed):
@@ -108,8 +108,7 @@ class RunnerConfig:
     release_idle_sessions: bool = False
     # Shared secret the warm servers demand (see servers/warm_server.py); never logged.
     secret: bytes | None = field(default=None, repr=False)
-    # One measurement at a time per device (module docstring): "auto" = GPU candidates only, True, False;
-    # "share" (experimental): one at a time per share of the device (lock_name).
+    # One measurement at a time per device (module docstring): "auto" = GPU candidates only, True, False.
     measure_lock: bool | str = "auto"
     # The device the servers measure on, for the lock ("gpu1", "cpu"); None: a GPU named by the fleet's
     # key (a Ray fleet's ends in -gpu<index>), else this process's first visible GPU, or "cpu".
@@ -179,7 +178,7 @@ class SessionRunner(PyRunner):
         self.locked_measurements = 0   # candidates measured holding the lock
         self._lock_devices: dict[str, str | None] = {}  # device type -> lock device (None: no lock)
         if config.measure_lock not in MEASURE_LOCKS:
-            raise ValueError(f"measure_lock must be true, false, auto or share, not {config.measure_lock!r}")
+            raise ValueError(f"measure_lock must be true, false or auto, not {config.measure_lock!r}")
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"tunekit-session-{i}")
                          for i in range(max(1, config.sessions))]
         for thread in self._threads:
@@ -236,8 +235,7 @@ class SessionRunner(PyRunner):
                 # fleet_actor.py); the one-process fleet's (tunekit-<share>) servers use this process's GPU.
                 named = re.search(r"-[^-]+-gpu(\d+)$", self.config.key)
                 device = gpu_device(int(named.group(1)) if named else None)
-            self._lock_devices[device_type] = lock_name(self.config.measure_lock, on_gpu=on_gpu, device=device,
-                                                        share=self.label)
+            self._lock_devices[device_type] = lock_name(self.config.measure_lock, on_gpu=on_gpu, device=device)
         return self._lock_devices[device_type]
 
     def _device_turn(self, runner_input):

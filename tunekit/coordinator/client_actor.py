@@ -116,8 +116,9 @@ class TuningClientImpl:
         self._setup()
 
     def tune(self, *, tasks: list[dict], budgets: list[int], pool, improving_only: bool = True,
-             measure_untuned: bool = True, resume_counts: bool = False) -> dict:
-        """Tune `tasks` (name, mod JSON, weight) within `budgets`; unused trials go to `pool`."""
+             measure_untuned: bool = True, resume_counts: bool = False, time_budget_s: float | None = None) -> dict:
+        """Tune `tasks` (name, mod JSON, weight) within `budgets`; unused trials go to `pool`. `time_budget_s`: what
+        is left of the run's --time-budget (a leftover round, a restarted client), else the config's."""
         import dataclasses
 
         from ..clients import warm_start
@@ -129,8 +130,8 @@ class TuningClientImpl:
         # No cooperative() signal handling here: Ray runs actor methods off the main thread.
         outcome = self.engine.search(SearchRequest(
             extracted_tasks=_tasks_from_json(tasks, self.target), target=self.target, database=self.database,
-            config=self.config, work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"),
-            measure_untuned=measure_untuned, task_budgets=budgets, pool=RemotePool(pool) if pool is not None else None,
+            config=self.config if time_budget_s is None else dataclasses.replace(self.config, time_budget_s=time_budget_s),
+            work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"), measure_untuned=measure_untuned, task_budgets=budgets, pool=RemotePool(pool) if pool is not None else None,
             known_database=self.known, count_existing=resume_counts, improving_only=improving_only,
             tag={"client": self.client_id}, warm_start=warm_start.open_sources(self.config.warm_start)))
         result = dataclasses.asdict(outcome)

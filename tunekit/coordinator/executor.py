@@ -40,6 +40,7 @@ log = logging.getLogger("tunekit.coordinator")
 # A client that has not started after this long (its node has no room for it: Ray's CPUs are booked,
 # or the node went away) stops the run instead of waiting for ever.
 CLIENT_START_TIMEOUT_S = 300.0
+MIN_TIME_LEFT_S = 0.001  # a restarted client past the time budget still records what it has (a budget must be > 0)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class _ShareRun:
     done_s: dict = field(default_factory=dict)       # shard index -> seconds from the start to its result
     # shard index -> seconds from the start until its client's search began (what starting the client cost)
     search_started_s: dict = field(default_factory=dict)
+    leftover_shards: list = field(default_factory=list)  # shards whose clients got a leftover round
 
     @property
     def label(self) -> str:
@@ -442,7 +444,13 @@ class RayExecutor:
                                               # a client left idle until the others are done is what the reserve
                                               # is there to prevent
                                               improving_only=not run.reserve,
-                                              resume_counts=resume)
+                                              resume_counts=resume, time_budget_s=self._time_left(run) if resume else None)
+
+    def _time_left(self, run: _ShareRun) -> float | None:
+        """What is left of --time-budget since the share's clients started (None: no time budget): every call of
+        a client after its first gets only that, or the budget would start again with each."""
+        budget = self.config.time_budget_s
+        return None if budget is None else max(MIN_TIME_LEFT_S, budget - (time.time() - run.started))
 
     def _start_clients_of(self, ray, runs: list[_ShareRun]) -> None:
         """Each share's trial pool and its clients, started, sized and set up (TVM imported, the engine and
@@ -542,7 +550,8 @@ class RayExecutor:
         """Trials released after every other client had finished: give them to clients whose tasks
         are not exhausted, so the --trials budget is spent when the search still can use it. The
         clients draw from the pool side by side (one after another, the others' cores sat idle)."""
-        if ray.get(run.pool.status.remote())["available"] <= 0:
+        left = self._time_left(run)
+        if ray.get(run.pool.status.remote())["available"] <= 0 or (left is not None and left <= MIN_TIME_LEFT_S):
             return
         calls = {}
         for shard in sorted(run.outcomes):
@@ -552,7 +561,8 @@ class RayExecutor:
             if open_specs:
                 calls[shard] = run.clients[shard].tune.remote(
                     tasks=[_task_spec(run.job.tasks[p.index]) for p in open_specs], budgets=[0] * len(open_specs),
-                    pool=run.pool, improving_only=False, measure_untuned=False)
+                    pool=run.pool, improving_only=False, measure_untuned=False, time_budget_s=left)
+        run.leftover_shards = sorted(calls)
         for shard, ref in calls.items():
             fold_extra(run.outcomes[shard], ray.get(ref))
             run.done_s[shard] = round(time.time() - run.started, 3)

@@ -78,6 +78,8 @@ def coordinator_section(run, pool_status: dict, merged: dict, run_id: str, serve
                         "pipeline": (run.outcomes[s].get("phases") or {}).get("pipeline"),
                         "ran_on": run.placements.get(s, [])}
                        for s in sorted(run.outcomes)],
+            # shards whose clients searched again for the pool's trials left after all were done (in the time left)
+            "leftover_shards": run.leftover_shards,
             # reserve: what the pool held at the start (plan.reserve_trials); next to it, what tasks gave
             # back and, as returned, what dead clients had drawn and not measured
             "pool": {**pool_status, "reserve": run.reserve}, "merge": merged, "run_id": run_id, "client_restarts": run.client_restarts}

@@ -13,7 +13,7 @@ One thread block per (batch, head, tile of ROWS query rows). Two bodies, chosen 
 - attention_simt: CUDA cores, 16 threads per query row, fp32 arithmetic; any head dim.
 They are written by hand (`tirx.is_scheduled`: MetaSchedule and DLight leave them alone) because
 MetaSchedule's rules never put several reductions into one kernel. `plan` says None for shapes
-whose K and V do not fit a block's shared memory; those keep the unfused graph, unless `key_tiles` asks for
+whose K and V do not fit a block's shared memory; `key_tiles` (what frontend.precision asks for) then gives
 attention_flash, which passes over the keys a tile at a time with an online softmax (head dims a multiple of 32).
 
 `attention_kernel(..., gpu=False)` is the same loop nest with serial loops in place of the thread
@@ -24,6 +24,8 @@ owns are the same, the fragments they are gathered from are checked on the GPU o
 """
 from __future__ import annotations
 
+import functools
+
 from .attention_flash import attention_flash
 from .attention_mma import attention_mma
 from .attention_simt import attention_simt
@@ -32,6 +34,7 @@ from .attention_spec import Attention, Operand, Plan, plan
 __all__ = ["Attention", "Operand", "Plan", "attention_kernel", "plan"]
 
 
+@functools.lru_cache(maxsize=64)  # a model's layers share one spec: parsing its TVMScript took 0.3 s a layer
 def attention_kernel(spec: Attention, *, gpu: bool = True, tensor_cores: bool = True, key_tiles: bool = False):
     """The PrimFunc (q_src, k_src, v_src, mask, out[B, S, H, D] fp16) for `spec` (module doc)."""
     shape = plan(spec, tensor_cores=tensor_cores, key_tiles=key_tiles)

@@ -61,7 +61,7 @@ def load_onnx(path: str):
         raise TunekitError(f"ONNX file not found: {path}")
     try:
         model = onnx.load(path)
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(path)  # from the file: checking the loaded model serializes it first (1 s for BERT)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TunekitError(f"{path} is not a valid ONNX model: {first[:200]}") from None

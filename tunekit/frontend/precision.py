@@ -163,7 +163,6 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         return mod
     from tvm import relax
 
-    from ..experimental import attention_key_tiles
     from .attention import fuse_attention as fuse
     from .axes import positive_axes
     from .combine import combine_parallel_matmuls
@@ -189,8 +188,8 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         if split:
             log.info("fp16: %d matmuls split along K", split)
         if fuse_attention:
-            key_tiles = attention_key_tiles()
-            mod, fused = _optional("fused attention", lambda m: fuse(m, gpu=target_kind == "cuda", key_tiles=key_tiles),
+            # where K and V do not fit a block, the key-tiled kernel (benchmarks/RESULTS.md, "key-tiled attention")
+            mod, fused = _optional("fused attention", lambda m: fuse(m, gpu=target_kind == "cuda", key_tiles=True),
                                    mod, skipped, counted=True)
             if fused:
                 log.info("fp16: %d attentions fused into one kernel each", fused)

@@ -177,8 +177,7 @@ class LocalExecutor:
         fleet_config = FleetConfig(servers=self.config.servers, server_mode=self.config.server_mode,
                                    host=self.config.listen_host, secret=self.rpc_secret, log_dir=job.log_dir)
         pinned = session.pinned
-        one_at_a_time = self.config.measure_lock in (True, "auto")  # "share": a server of each share at once
-        if job.share.kind == "gpu" and overlap_allowed("gpu", self.config) and one_at_a_time:
+        if job.share.kind == "gpu" and overlap_allowed("gpu", self.config) and self.config.measure_lock in (True, "auto"):
             # the servers launch kernels from a core the builds and the search leave alone; one core
             # serves every server because the measurement lock lets one of them work at a time
             pinned = dataclasses.replace(pinned, cores=measurement_cores(list(os.sched_getaffinity(0))))
