@@ -15,6 +15,9 @@ reaches the latency it gets alone", fleet against sequential.
 
 `--setups` tunes only some setups and `--work` keeps their outputs and runs.json; `--runs` reads setups tuned before
 (e.g. the sequential setup on a second GPU at the same time), and the table is made once all three are there.
+`--alone-on 2,2,3,3` tunes the sequential setup's models each alone on a GPU of its own (those listed, each with its
+`--cores-per-gpu` cores), the GPUs at once: the setup is then composed one after another from them (its wall the sum
+of their walls, each model's curve shifted by the walls before it), which is what one GPU gives in turn.
 
 Prints and writes (`--results`) one Markdown table: per setup, each model's tuned latency, the weighted sum, its
 ratio to sequential, trials, the tuning wall, and the wall until every model reached its solo latency.
@@ -123,16 +126,62 @@ def estimated_curve(reports: list[dict], started: float) -> list:
     return [(when - started, [estimated_ms(report["tasks"], when) for report in reports]) for when in times]
 
 
-def _setup(artifacts, reports, *, started: float, trials: int) -> dict:
-    return {"artifacts": artifacts, "wall_s": time.time() - started, "trials": trials,
+def _setup(artifacts, reports, *, started: float, trials: int, wall_s: float | None = None) -> dict:
+    return {"artifacts": artifacts, "wall_s": time.time() - started if wall_s is None else wall_s, "trials": trials,
             "curve": estimated_curve(reports, started), "estimated_ms": [estimated_ms(r["tasks"]) for r in reports]}
 
 
+def one_after_another(reports: list[dict], starts: list[float], walls: list[float], *, base: float = 0.0) -> list[dict]:
+    """Reports of models tuned at the same time, each alone on its own device, with their times moved to where
+    they would be had each started when the one before ended: model i's `fell_at` times shifted from its start
+    `starts[i]` to `base` + the walls of the models before it."""
+    moved, offset = [], base
+    for report, start, wall in zip(reports, starts, walls):
+        shift = offset - start
+        moved.append({**report, "tasks": [{**task, "fell_at": [[when + shift, us] for when, us in task.get("fell_at", [])]}
+                                          for task in report["tasks"]]})
+        offset += wall
+    return moved
+
+
+def _alone(members: list[Member], gpus: list[int], *, budget: float, work: str, cores: int) -> dict:
+    """The sequential setup from each model tuned alone on its GPU (`gpus[i]`), the GPUs at once; models given the
+    same GPU run one after another on it, on that GPU's `cores` cores."""
+    import threading
+
+    found: dict[int, tuple] = {}
+
+    def stream(gpu: int) -> None:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        for i in [i for i, g in enumerate(gpus) if g == gpu]:
+            m, started = members[i], time.time()
+            cmd = ["taskset", "-c", f"{gpu * cores}-{gpu * cores + cores - 1}", sys.executable, "-m", "tunekit.cli",
+                   "tune", m.path, *m.flag, *_tune_args(budget, os.path.join(work, f"seq{i}")), "--json"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            found[i] = (proc, started, time.time() - started)
+
+    threads = [threading.Thread(target=stream, args=(gpu,)) for gpu in sorted(set(gpus))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(len(members)):
+        proc = found[i][0]
+        if proc.returncode != 0:
+            raise SystemExit(f"{members[i].name} alone failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    payloads = [json.loads(found[i][0].stdout) for i in range(len(members))]
+    walls = [found[i][2] for i in range(len(members))]
+    reports = one_after_another([p["report"] for p in payloads], [found[i][1] for i in range(len(members))], walls)
+    return _setup([p["artifact"] for p in payloads], reports, started=0.0, trials=sum(p["trials"] for p in payloads),
+                  wall_s=sum(walls))
+
+
 def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple[str, ...],
-               fleet_args: tuple[str, ...] = ()) -> dict:
+               fleet_args: tuple[str, ...] = (), alone_on: list[int] | None = None, cores_per_gpu: int = 16) -> dict:
     """{setup: {"artifacts", "wall_s", "trials", "curve", "estimated_ms"}} for each of `setups`, each written to
     <work>/runs.json as it ends (the curve: benchmarks.fleet.estimated_curve, from the tune reports). `fleet_args`:
-    more options of the fleet's command (e.g. `--clients 2`: its search sharded over Ray tuning clients)."""
+    more options of the fleet's command (e.g. `--clients 2`: its search sharded over Ray tuning clients);
+    `alone_on`: each model's GPU for the sequential setup (module doc)."""
     n, out = len(members), {}
 
     def done(setup: str, result: dict) -> None:
@@ -151,7 +200,9 @@ def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple
                 reports.append(json.load(fh))
         done("fleet", _setup([row["artifact"] for row in rows], reports, started=started,
                              trials=sum(payload["report"]["trials"]["measured"].values())))
-    if "sequential" in setups:
+    if "sequential" in setups and alone_on:
+        done("sequential", _alone(members, alone_on, budget=budget / n, work=work, cores=cores_per_gpu))
+    elif "sequential" in setups:
         started, payloads = time.time(), []
         for i, m in enumerate(members):
             payloads.append(tunekit("tune", m.path, *m.flag, *_tune_args(budget / n, os.path.join(work, f"seq{i}")))[0])
@@ -227,6 +278,8 @@ def main(argv=None) -> None:
     p.add_argument("--work", help="keep the setups' outputs and runs.json here (default: a temporary folder)")
     p.add_argument("--fleet-args", default="", help="more options of the fleet's command, e.g. '--clients 2'")
     p.add_argument("--runs", default="", help="runs.json files of setups tuned before (e.g. on another GPU)")
+    p.add_argument("--alone-on", help="each model's GPU for the sequential setup, e.g. 2,2,3,3 (module doc)")
+    p.add_argument("--cores-per-gpu", type=int, default=16, help="with --alone-on: GPU g gets cores g*N..g*N+N-1")
     p.add_argument("--tolerance", type=float, default=0.02, help="within this of the solo latency counts as reached")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results", default=os.path.join("tunekit-out", "fleet-bench.md"), help="write the table here")
@@ -247,8 +300,12 @@ def main(argv=None) -> None:
         for path in filter(None, args.runs.split(",")):
             with open(path) as fh:
                 runs.update(json.load(fh))
+        alone_on = [int(g) for g in args.alone_on.split(",")] if args.alone_on else None
+        if alone_on is not None and len(alone_on) != len(members):
+            raise SystemExit(f"--alone-on: one GPU per model ({len(members)})")
         runs.update(run_setups(members, budget=args.budget, work=work, setups=setups,
-                               fleet_args=tuple(args.fleet_args.split())))
+                               fleet_args=tuple(args.fleet_args.split()), alone_on=alone_on,
+                               cores_per_gpu=args.cores_per_gpu))
         missing = [s for s in SETUPS if s not in runs]
         if missing:
             print(f"tuned {', '.join(runs)}; the table needs {', '.join(missing)} too (--runs)", file=sys.stderr)

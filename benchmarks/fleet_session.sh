@@ -6,10 +6,12 @@
 # two CNNs and two transformers that share workloads), FLEET_BUDGET seconds of tuning per setup (default 200),
 # FLEET_ARGS more options of the fleet's command (e.g. "--clients 4"), ROUNDS of timing every artifact (default 1:
 # a `tunekit bench` at a share costs about 25 s), SHARE_ROUNDS of share_concurrency.py on the fleet's artifacts
-# (default 4; 0: none). With two GPUs the one-after-another setup runs on GPU 1 beside the other two on GPU 0, each
-# on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in turn. With four, one setup per GPU
-# and quarter of the cores, GPU 3 tuning a second fleet (FLEET_ARGS_B, default "--clients 4") with its own table;
-# AFTER_PARALLEL, AFTER_TABLE, AFTER_TABLE_B: commands for GPU 2, 0 and 3 once their work is done; EXPORT_MORE: zoo models.
+# (default 0: measured in benchmarks/results/h200x4-fleet). With two GPUs the one-after-another setup runs on GPU 1
+# beside the other two on GPU 0, each on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in
+# turn. With four or more: the fleet on GPU 0, side by side on GPU 1, and each model alone on GPUs 2.. at once,
+# composed one after another (fleet.py --alone-on), each GPU with its share of the cores; AFTER_PARALLEL, AFTER_ALONE,
+# AFTER_TABLE: commands to run once that work is done (e.g. `pytest -m gpu` with CUDA_VISIBLE_DEVICES of a free GPU);
+# EXPORT_MORE: more zoo models to export.
 set -uo pipefail
 export PYTHONPATH=/root/site:/tmp/fleet-tree CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 OUT=${OUT:-/tmp/fleet-out}; R=/tmp/fleetres; mkdir -p "$OUT" "$R"
@@ -32,22 +34,20 @@ case "$1" in
         echo "python3 benchmarks/zoo.py export --work /tmp/zoo --models $name > $R/export-$name.log 2>&1 &"
       done
       echo "wait; echo exported"
-      if [ "$gpus" -ge 4 ]; then  # one setup per GPU, each on a quarter of the cores; GPU 3: the fleet with FLEET_ARGS_B
-        q=$(( $(nproc) / 4 ))
+      if [ "$gpus" -ge 4 ]; then  # GPU 0: the fleet; 1: side by side; 2 and up: each model alone (composed in turn)
+        q=$(( $(nproc) / gpus ))
         on() { echo "CUDA_VISIBLE_DEVICES=$1 taskset -c $(( $1 * q ))-$(( $1 * q + q - 1 ))"; }
-        echo "($(on 1) $fleet --setups sequential --work /tmp/fleet-seq > $R/sequential.log 2>&1; echo \"sequential rc=\$?\") &"
-        echo "($(on 2) $fleet --setups parallel --work /tmp/fleet-par > $R/parallel.log 2>&1; echo \"parallel rc=\$?\";" \
+        alone=$(python3 -c "print(','.join(str(2 + i % ($gpus - 2)) for i in range(len('${FLEET}'.split(',')))))")
+        echo "($(on 1) $fleet --setups parallel --work /tmp/fleet-par > $R/parallel.log 2>&1; echo \"parallel rc=\$?\";" \
              "${AFTER_PARALLEL:-true}) &"
-        echo "($(on 3) $fleet --setups fleet --work /tmp/fleet-b --fleet-args \"${FLEET_ARGS_B:---clients 4}\"" \
-             "> $R/fleet-b.log 2>&1; echo \"fleet B rc=\$?\") &"
+        echo "($fleet --setups sequential --alone-on $alone --cores-per-gpu $q --work /tmp/fleet-seq > $R/sequential.log" \
+             "2>&1; echo \"sequential rc=\$?\"; ${AFTER_ALONE:-true}) &"
         echo "$(on 0) $fleet --setups fleet --work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" > $R/fleet.log 2>&1;" \
              "echo \"fleet rc=\$?\"; while pgrep -f 'fleet.py --fleet' > /dev/null; do sleep 5; done"
-        echo "for d in main seq par b; do cp /tmp/fleet-\$d/runs.json $R/runs-\$d.json 2>/dev/null; done"
-        echo "($(on 3) $fleet --setups '' --runs /tmp/fleet-b/runs.json,/tmp/fleet-seq/runs.json,/tmp/fleet-par/runs.json" \
-             "--rounds ${ROUNDS:-1} --results $R/fleet-b.md > $R/table-b.log 2>&1; echo \"table B rc=\$?\"; ${AFTER_TABLE_B:-true}) &"
-        share_on=$(on 1)
+        echo "for d in main seq par; do cp /tmp/fleet-\$d/runs.json $R/runs-\$d.json 2>/dev/null; done"
         echo "($(on 0) $fleet --setups '' --runs /tmp/fleet-main/runs.json,/tmp/fleet-seq/runs.json,/tmp/fleet-par/runs.json" \
              "--rounds ${ROUNDS:-1} --results $R/fleet.md > $R/table.log 2>&1; echo \"table rc=\$?\"; ${AFTER_TABLE:-true}) &"
+        share_on=$(on 1)
       elif [ "$gpus" -ge 2 ]; then
         echo "(CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((2 * half - 1)) $fleet --setups sequential --work /tmp/fleet-seq" \
              "> $R/sequential.log 2>&1; echo \"sequential rc=\$?\") &"
@@ -60,10 +60,10 @@ case "$1" in
         echo "$fleet --work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" --rounds ${ROUNDS:-1} --results $R/fleet.md" \
              "> $R/fleet.log 2>&1; echo \"setups and table rc=\$?\"; cp /tmp/fleet-main/runs.json $R/"
       fi
-      [ "${SHARE_ROUNDS:-4}" -gt 0 ] && echo "${share_on:-CUDA_VISIBLE_DEVICES=0} python3 benchmarks/share_concurrency.py --kind gpu" \
+      [ "${SHARE_ROUNDS:-0}" -gt 0 ] && echo "${share_on:-CUDA_VISIBLE_DEVICES=0} python3 benchmarks/share_concurrency.py --kind gpu" \
         "--artifacts \$(python3 -c \"import json; r = json.load(open('/tmp/fleet-main/runs.json'))['fleet']['artifacts'];" \
         "print(','.join(a + ':' + p for a, p in zip(r, '${FLEET}'.replace(',', ':').split(':')[1::2])))\")" \
-        "--rounds ${SHARE_ROUNDS:-4} --repeats 1000 --results $R/share.md > $R/share.log 2>&1; echo \"share rc=\$?\""
+        "--rounds ${SHARE_ROUNDS:-0} --repeats 1000 --results $R/share.md > $R/share.log 2>&1; echo \"share rc=\$?\""
       echo "wait; echo chain done"
     } > /tmp/fleet-chain.sh
     [ -n "${DRY:-}" ] && { cat /tmp/fleet-chain.sh; exit 0; }

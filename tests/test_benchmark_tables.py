@@ -113,6 +113,13 @@ def test_the_fleet_benchmark_finds_when_every_model_first_reaches_its_solo_laten
     b = {"tasks": [{"weight": 1, "untuned_us": 800.0, "fell_at": []}, {"weight": 3, "untuned_us": 50.0}]}
     assert fleet.estimated_curve([a, b], 1000.0) == [(10.0, [0.9, 0.95]), (20.0, [0.9, 0.95]), (30.0, [0.7, 0.95])]
     assert fleet.estimated_ms(a["tasks"], 1005.0) == 1.1 and fleet.estimated_ms(a["tasks"]) == 0.7
+    # tuned at once, each alone on its GPU (a from 1000 s for 40 s, b from 1003 s for 50 s), composed one after
+    # another: b's falls move to after a's wall; a model not started yet is at its untuned latency
+    b["tasks"][0]["fell_at"] = [[1013.0, 600.0]]
+    moved = fleet.one_after_another([a, b], [1000.0, 1003.0], [40.0, 50.0])
+    assert moved[0]["tasks"][0]["fell_at"] == [[10.0, 400.0], [30.0, 300.0]] and moved[1]["tasks"][0]["fell_at"] == [[50.0, 600.0]]
+    assert fleet.estimated_curve(moved, 0.0) == [(10.0, [0.9, 0.95]), (20.0, [0.9, 0.95]), (30.0, [0.7, 0.95]),
+                                                 (50.0, [0.7, 0.75])]
     # a fleet file's models with their own shares and weights, the file's share for those that name none
     path = tmp_path / "fleet.yaml"
     path.write_text("gpu_pct: 30\nmodels:\n  - a.onnx\n  - {model: b.onnx, gpu_pct: 70, weight: 2, name: bee}\n")
