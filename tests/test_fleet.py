@@ -134,6 +134,24 @@ def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_ot
 
 
 @pytest.mark.e2e
+def test_a_model_refused_at_its_untuned_build_leaves_the_fleet_to_the_others(pair, tmp_path, monkeypatch):
+    """The fleet plans its tasks and starts its warm-up beside the untuned builds; b's untuned model is refused, so
+    the plan is made again without b's workloads (the warm-up started over: `warm_up_s`) and a alone is tuned."""
+    from tunekit.clients.task_faults import ENV
+
+    monkeypatch.setenv(ENV, "untuned_model:b")
+    out = tmp_path / "out"
+    proc = run_cli("tune", *pair, "--cpu-pct", "100", "--trials", "8", "--trials-per-iter", "2", "--out", str(out),
+                   "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    rows = {row["name"]: row for row in report["fleet"]}
+    assert rows["b"]["error"].startswith("untuned: InjectedFault: injected untuned_model failure"), rows["b"]
+    assert report["models_tuned"] == 1 and "warm_up_s" in report["command_s"], report["command_s"]
+    own = {key for key, _ in record_keys(out / "a" / "records-cpu100")}
+    assert own and {key for key, _ in record_keys(out / "records-cpu100")} <= own  # nothing of b's own was searched
+
+
 def test_a_fleet_at_two_shares_measures_a_workload_only_at_the_shares_of_its_models(pair, tmp_path):
     """One process, model a at cpu50 and model b at cpu100: the workloads both have are measured at both shares
     (each share's records hold them), each dense layer only at its own model's share."""
@@ -166,7 +184,7 @@ def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)["report"]
     assert report["models_tuned"] == 2 and report["tasks"]["shared"] >= 3
-    assert "warm_up_s" in report["command_s"]  # Ray's warm-up plans the shards from the settled tasks
+    assert "warm_up_s" not in report["command_s"]  # the clients started beside the untuned builds
     assert report["tasks"]["per_share"]["cpu100"] == report["tasks"]["in_models"] - report["tasks"]["shared"]
     keys = Counter(record_keys(out / "records-cpu100"))
     assert keys and max(keys.values()) == 1 and sum(keys.values()) == report["trials"]["measured"]["cpu100"]

@@ -4,6 +4,7 @@ model is tuned (the real model, the real engine; nothing else changes).
 TUNEKIT_INJECT_TASK_FAULT="<stage>:<part of a task name>[,...]" makes that stage fail for every task whose name
 contains the part. Stages: design_space (making its design space raises), search (its search raises), build
 (every candidate of it fails to build), untuned (its untuned kernel, the per-task baseline, fails to build),
+untuned_model (a model whose name contains the part: its untuned model is refused, as the numerics gate would),
 wrong_kernel (its tuned kernel, once applied to the model, fills its output with ones: a record that builds and runs
 but computes the wrong thing), crash_kernel (its tuned kernel, applied, crashes the process that runs the model with SIGSEGV, as
 a kernel that reads out of bounds does; CPU targets)."""
@@ -13,7 +14,7 @@ import os
 import signal
 
 ENV = "TUNEKIT_INJECT_TASK_FAULT"
-STAGES = ("design_space", "search", "build", "untuned", "wrong_kernel", "crash_kernel")
+STAGES = ("design_space", "search", "build", "untuned", "untuned_model", "wrong_kernel", "crash_kernel")
 APPLIED_STAGES = ("wrong_kernel", "crash_kernel")  # faults in a tuned kernel the model is built with
 
 

@@ -118,7 +118,6 @@ def _shard_dirs(root: str) -> list[str]:
 
 class RayExecutor:
     name = "ray"
-    warms_up_without_tasks = False  # its warm-up plans each share's shards from the tasks
 
     def __init__(self, config: TuneConfig, coordinator: CoordinatorConfig, *, rpc_secret: bytes | None):
         if config.engine != "tunekit":

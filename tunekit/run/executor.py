@@ -45,7 +45,6 @@ class ShareJob:
 
 class Executor(Protocol):
     name: str
-    warms_up_without_tasks: bool  # whether `warm_up` may start before the group's tasks are settled (a fleet's)
 
     def connect(self) -> AbstractContextManager:
         """Everything the executor needs for the whole run (Ray: start or join a cluster)."""

@@ -2,7 +2,9 @@
 a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
 
   per model: load, prepare, its own records dir's identity          (run.pipeline, as a single run does)
-  the fleet's shares: sessions, runner fleets and build workers, started once for every model
+  the fleet's shares: sessions; the tasks planned (below) and the runner fleets, build workers or Ray clients
+    started once for every model, beside the untuned builds (planned and started again when a model fails there
+    or falls back to fp32)
   per model: the untuned model built (all at once), then measured at its share
   one search over every model's tasks, each workload once, weighted by the model's weight x the workload's
     count in it: the scheduler's gradient rule then lowers the weighted sum of the models' latencies (Ansor's
@@ -150,8 +152,11 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
             sessions = stack.enter_context(executor.group_sessions(group))
             for session in sessions.values():
                 session.latency_process()  # started now: its start overlaps the untuned builds
-        # an executor whose warm-up plans the tasks waits for the untuned builds (they settle each model's precision)
-        warm = stack.enter_context(executor.warm_up(group, sessions)) if executor.warms_up_without_tasks else None
+        with steps("tasks_s"):
+            planned = _plan(group, members, executor)
+        # the fleets, build workers and clients start beside the untuned builds (Ray plans its shards from the tasks)
+        warm_up = stack.enter_context(contextlib.ExitStack())
+        warm = warm_up.enter_context(executor.warm_up(group, sessions))
         # the untuned builds at once (TVM compiles mostly outside the GIL), timed one after another
         with steps("untuned_s"), _threads(len(members), "untuned") as pool:
             builds = [m.pipeline.build_untuned_ahead(m.job, pool=pool) for m in members]
@@ -160,25 +165,17 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
                 concurrent.futures.wait([build])
                 try:
                     member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]},
-                                                                     member.loaded,
-                                                                     settle=warm.settle if warm else None)[label]
+                                                                     member.loaded, settle=warm.settle)[label]
                 except Exception as exc:
                     member.fail("untuned", exc)
         tuned = [m for m in members if not m.error]
         if not tuned:
             log.warning("fleet: no model at %s has an untuned build", ", ".join(job.label for job in group))
             return {}
-        every_share = executor.measures_every_share(group)
-        with steps("tasks_s"):
-            for job in group:
-                job.tasks = merge_tasks([m for m in tuned if every_share or m.job.label == job.label],
-                                        target=job.target)
-            if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
-                wanted = task_shares(group[0].tasks, tuned)
-                for job in group:
-                    job.task_shares = wanted
-        if warm is None:
+        if _plan_key(tuned) != planned:  # a model failed or fell back to fp32: the tasks changed, and the warm-up
             with steps("warm_up_s"):
+                warm_up.close()
+                _plan(group, tuned, executor)
                 stack.enter_context(executor.warm_up(group, sessions))
         progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
         try:
@@ -194,6 +191,24 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
                 if own[member.name] is not None:
                     _finish(member, own[member.name], sessions[member.job.label])
         return outcomes
+
+
+def _plan(group: list[ShareJob], members: list[_Member], executor) -> list:
+    """Each job's tasks: its members' workloads merged (every member's, when one search measures every share); with
+    several shares, which shares each workload is measured at. Returns the plan's key (_plan_key)."""
+    every_share = executor.measures_every_share(group)
+    for job in group:
+        job.tasks = merge_tasks([m for m in members if every_share or m.job.label == job.label], target=job.target)
+    if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
+        wanted = task_shares(group[0].tasks, members)
+        for job in group:
+            job.task_shares = wanted
+    return _plan_key(members)
+
+
+def _plan_key(members: list[_Member]) -> list:
+    """What the plan depends on: the models in it and the precision each is tuned in."""
+    return [(m.name, m.job.precision) for m in members]
 
 
 def _threads(count: int, name: str) -> concurrent.futures.ThreadPoolExecutor:

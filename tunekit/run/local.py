@@ -17,7 +17,6 @@ from .warmup import WarmUps
 
 class LocalExecutor:
     name = "local"
-    warms_up_without_tasks = True  # its fleets and engine start without the tasks
 
     def __init__(self, config: TuneConfig, *, rpc_secret: bytes | None):
         self.config = config

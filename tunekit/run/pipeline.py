@@ -151,6 +151,9 @@ class Pipeline:
         to fp32 at one share, the others follow with the same fp32 module, also those measured before
         it: a share left in fp16 would tune tasks the search never proposes, and its fp16 model could
         be refused after all its tuning."""
+        from ..clients import task_faults
+
+        task_faults.raise_if_injected("untuned_model", loaded.name)
         untuned: dict[str, Measured] = {}
         fallen: ShareJob | None = None
         for job in group:
