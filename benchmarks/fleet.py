@@ -172,8 +172,8 @@ def _alone(members: list[Member], gpus: list[int], *, budget: float, work: str, 
     payloads = [json.loads(found[i][0].stdout) for i in range(len(members))]
     walls = [found[i][2] for i in range(len(members))]
     reports = one_after_another([p["report"] for p in payloads], [found[i][1] for i in range(len(members))], walls)
-    return _setup([p["artifact"] for p in payloads], reports, started=0.0, trials=sum(p["trials"] for p in payloads),
-                  wall_s=sum(walls))
+    return {**_setup([p["artifact"] for p in payloads], reports, started=0.0, trials=sum(p["trials"] for p in payloads),
+                     wall_s=sum(walls)), "alone_on": gpus, "walls_s": walls}
 
 
 def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple[str, ...],
@@ -264,7 +264,10 @@ def table(members: list[Member], runs: dict, latency: dict, *, tolerance: float)
                                 f"of the sequential setup (tuned alone for budget / {len(members)}), within "
                                 f"{tolerance:.0%}; a setup reaches it when every model's estimate, traced from the "
                                 f"times its tasks fell (report tasks[].fell_at), is there. Walls from each setup's "
-                                f"start; latencies in the model columns are `tunekit bench` p50s.")
+                                f"start; latencies in the model columns are `tunekit bench` p50s."
+                                + (f" The sequential setup was tuned alone on GPUs {runs['sequential']['alone_on']} "
+                                   f"at once and composed in turn (walls {', '.join(f'{w:.0f}' for w in runs['sequential']['walls_s'])} s)."
+                                   if runs["sequential"].get("alone_on") else ""))
 
 
 def main(argv=None) -> None:
