@@ -174,6 +174,62 @@ def _attention_onnx(path: str, *, seq: int, heads: int = 2, dim: int = 16, axis:
     return path
 
 
+def _packed_attention_onnx(path: str, *, seq: int, heads: int = 2, dim: int = 16) -> str:
+    """torch's multi-head attention as torchvision's ViT exports it: one [S, 1, 3E] projection, unflattened, unsqueezed,
+    transposed, squeezed and split by Gather into Q, K and V, each reshaped to [S, H, D] and transposed to [H, S, D]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng, e = np.random.default_rng(1), heads * dim
+    consts = {"w": rng.standard_normal((e, 3 * e)).astype(np.float32) * 0.3,
+              "b": rng.standard_normal(3 * e).astype(np.float32) * 0.1,
+              "unflat": np.array([seq, 1, 3, e], np.int64), "zero": np.array([0], np.int64),
+              "three": np.array([3], np.int64), "heads": np.array([seq, heads, dim], np.int64),
+              "batched": np.array([1, heads, seq, dim], np.int64), "scale": np.array(dim ** -0.5, np.float32),
+              **{f"i{i}": np.array(i, np.int64) for i in range(3)}}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["proj"]),
+             helper.make_node("Reshape", ["proj", "unflat"], ["p4"]),
+             helper.make_node("Unsqueeze", ["p4", "zero"], ["p5"]),
+             helper.make_node("Transpose", ["p5"], ["pt"], perm=[3, 1, 2, 0, 4]),
+             helper.make_node("Squeeze", ["pt", "three"], ["qkv"])]
+    for i, name in enumerate("qkv"):
+        nodes += [helper.make_node("Gather", ["qkv", f"i{i}"], [f"{name}0"], axis=0),
+                  helper.make_node("Reshape", [f"{name}0", "heads"], [f"{name}1"]),
+                  helper.make_node("Transpose", [f"{name}1"], [f"{name}2"], perm=[1, 0, 2]),
+                  helper.make_node("Reshape", [f"{name}2", "batched"], [f"{name}3"])]
+    nodes += [helper.make_node("Mul", ["q3", "scale"], ["qs"]),
+              helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qs", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v3"], ["y"])]
+    graph = helper.make_graph(nodes, "packed_attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, 1, e])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, heads, seq, dim])],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_q_k_and_v_are_read_in_place_from_a_packed_projection_and_compute_the_same(tmp_path):
+    """ViT's attention (torch's packed in-projection, split by unsqueeze, transpose, squeeze and Gather): the fused
+    kernel reads Q, K and V where the projection wrote them, so no copy of them is left between the two, and the
+    CPU build computes what onnxruntime does."""
+    from tvm import relax
+
+    from tunekit.frontend.precision import convert, prepare
+    from tunekit.numerics import check, compare_outputs
+    from tunekit.run.session import load_model
+
+    model = load_model(_packed_attention_onnx(str(tmp_path / "packed.onnx"), seq=40))
+    names = _launches(prepare(model.mod, Target(H100), precision="fp16")[0])
+    # left: the input's cast, the projection, the kernel, and its [B, S, H, D] context back to the graph's [B, H, S, D]
+    assert [n for n in names if n.startswith("fused_attention")] and len(names) == 4 and \
+        not [n for n in names if "take" in n or "squeeze" in n], names
+    vm = relax.VirtualMachine(tvm.compile(convert(model.mod, "fp16", target_kind="llvm"), target=Target("llvm")),
+                              tvm.cpu())
+    sample = model.inputs.random(seed=3)
+    out = vm["main"](tvm.runtime.tensor(sample["x"])).numpy()
+    check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
+
+
 def _launches(prepared) -> list[str]:
     from tvm import relax
 

@@ -6,9 +6,10 @@ tunekit's example transformer both have this shape once frontend.half has run):
     context = matmul(P, V)                  P: [B, H, S, SK], V: [B, H, SK, D]
     P       = [where(isnan(p), 0, p)] of p = astype(softmax(x, axis=-1), f16)
     x       = [astype] [add(scores, mask)] of scores = scalar * ... * astype(matmul(Q, K^T))
-    Q, K^T, V: views (permute_dims, a reshape that splits the last axis, a strided_slice of the
-            last axis, a scalar multiply) of a tensor; the kernel reads that tensor by strides, so
-            the transposes and slices of the combined QKV projection's output are never made.
+    Q, K^T, V: views (permute_dims, a reshape, expand_dims or squeeze that moves no element, a
+            strided_slice of one axis, a take of one index, a scalar multiply) of a tensor; the kernel
+            reads that tensor by strides, so the transposes, slices and splits of the combined QKV
+            projection's output (BERT's slices, torch's packed in-projection in ViT) are never made.
 
 The context is written as [B, S, H, D]; the graph's own permute_dims back to that order and its
 cast then cancel (`_Cancel`), and the reshape to [B, S, H * D] that the output projection reads is
@@ -55,6 +56,42 @@ def _scalar(expr) -> float | None:
     return None
 
 
+def _reshaped_strides(before, strides: list[int], after) -> list[int] | None:
+    """The strides of `after`, a reshape of a view of shape `before` with `strides` that moves no element, or None
+    when the reshape needs a copy. Size-1 axes go; the rest are matched in groups of equal product, and a group's
+    axes must be one run of memory (each axis's stride its inner neighbour's times that one's size)."""
+    if before is None or after is None or math.prod(before) != math.prod(after):
+        return None
+    old = [(n, st) for n, st in zip(before, strides) if n != 1]
+    out, i = [], 0
+    new_axes = [n for n in after if n != 1]
+    j = 0
+    while j < len(new_axes):
+        group_new, group_old = [new_axes[j]], [old[i]] if i < len(old) else []
+        j, i = j + 1, i + 1
+        while math.prod(group_new) != math.prod(n for n, _ in group_old):
+            if math.prod(group_new) < math.prod(n for n, _ in group_old):
+                if j >= len(new_axes):
+                    return None
+                group_new.append(new_axes[j])
+                j += 1
+            else:
+                if i >= len(old):
+                    return None
+                group_old.append(old[i])
+                i += 1
+        if any(group_old[k][1] != group_old[k + 1][1] * group_old[k + 1][0] for k in range(len(group_old) - 1)):
+            return None  # the group's old axes are not one run of memory
+        step = group_old[-1][1]
+        strides_new = []
+        for n in reversed(group_new):
+            strides_new.insert(0, step)
+            step *= n
+        out += strides_new
+    it = iter(out)
+    return [0 if n == 1 else next(it) for n in after]
+
+
 def _contiguous(shape) -> list[int]:
     strides, step = [], 1
     for dim in reversed(shape):
@@ -97,16 +134,21 @@ class FuseAttention(PyExprMutator):
             axes = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else \
                 list(reversed(range(len(strides))))
             return src, offset, [strides[a] for a in axes], scale
-        if name == "relax.reshape":
+        if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
+            # a reshape that moves no element (as numpy's view): ViT's [S, 1, 3C] -> [S, 1, 3, C] -> ... -> [1, H, S, D]
+            inner = self._view(call.args[0])
+            strides = None if inner is None else _reshaped_strides(_shape(call.args[0]), inner[2], shape)
+            if strides is not None:
+                return inner[0], inner[1], strides, inner[3]
+        if name == "relax.take" and _scalar(call.args[1]) is not None and \
+                len(_shape(call.args[1]) or ()) == 0:  # one slice along an axis: Q, K or V of a stacked [3, ...]
             before = _shape(call.args[0])
-            # only a split of the last axis: [..., C] -> [..., H, D] keeps the leading axes' strides
-            if before and len(shape) == len(before) + 1 and shape[:-2] == before[:-1] and \
-                    shape[-2] * shape[-1] == before[-1]:
-                inner = self._view(call.args[0])
-                if inner is None:
-                    return None
+            axis = int(call.attrs.axis) % len(before) if before else 0
+            index = int(_scalar(call.args[1]))
+            inner = self._view(call.args[0]) if before and 0 <= index < before[axis] else None
+            if inner is not None:
                 src, offset, strides, scale = inner
-                return src, offset, strides[:-1] + [strides[-1] * shape[-1], strides[-1]], scale
+                return src, offset + index * strides[axis], strides[:axis] + strides[axis + 1:], scale
         if name == "relax.strided_slice":  # args: data, axes, begin, end[, strides] (tuples of ints)
             axes, begin, _, *steps = ([int(f.value) for f in arg.fields] for arg in call.args[1:])
             before = _shape(call.args[0])
