@@ -293,8 +293,9 @@ class FuseAttention(PyExprMutator):
 
 @mutator
 class _Cancel(PyExprMutator):
-    """astype(astype(x: f16, f32), f16) -> x, and permute_dims(permute_dims(x, p), q) -> x where q
-    undoes p: what is left around the fused kernel's output."""
+    """astype(astype(x: f16, f32), f16) -> x, permute_dims(permute_dims(x, p), q) -> x where q undoes p, or a
+    reshape of x where together they move only size-1 axes, and two reshapes -> one: what is left around the
+    fused kernel's output."""
 
     def _made_by(self, expr):
         for _ in range(8):  # through var-to-var bindings, which this pass itself leaves
@@ -311,20 +312,27 @@ class _Cancel(PyExprMutator):
             original = inner.args[0]
             if _dtype(original) == str(call.attrs.dtype) == F16 and str(inner.attrs.dtype) == F32:
                 return original
+        if name == "relax.reshape" and _op(inner) == "relax.reshape":  # one reshape: a view, where two became a copy
+            return relax.op.reshape(inner.args[0], call.args[1])
         if name == "relax.permute_dims" and _op(inner) == "relax.permute_dims" and \
                 call.attrs.axes is not None and inner.attrs.axes is not None:
             outer_axes = [int(a) for a in call.attrs.axes]
             inner_axes = [int(a) for a in inner.attrs.axes]
-            if [inner_axes[a] for a in outer_axes] == list(range(len(outer_axes))):
+            composed = [inner_axes[a] for a in outer_axes]
+            if composed == list(range(len(outer_axes))):
                 return inner.args[0]
+            source = _shape(inner.args[0])
+            moved = [a for a in composed if source and source[a] != 1]
+            if source and moved == sorted(moved):  # only size-1 axes move (ViT's [1, S, H, D] -> [S, 1, H, D]): a view
+                return relax.op.reshape(inner.args[0], [source[a] for a in composed])
         return call
 
 
 def fuse_attention(mod, *, gpu: bool = True, key_tiles: bool = False):
     """(`mod` with each matched attention one kernel (module doc), how many were fused). `gpu=False`:
     kernels with serial loops for a CPU (attention_kernel), to check numerics where no GPU is. `key_tiles`: also
-    the attentions whose K and V do not fit a block, with the key-tiled kernel (frontend.attention_flash; not yet
-    what tunekit's preparation asks for: its speed against the tuned unfused graph is unmeasured)."""
+    the attentions whose K and V do not fit a block, with the key-tiled kernel (frontend.attention_flash), as
+    tunekit's preparation asks (benchmarks/RESULTS.md, "key-tiled attention")."""
     mod = mod.clone()
     rewriter = FuseAttention(mod, gpu, key_tiles)
     main = rewriter.visit_expr(mod["main"])
