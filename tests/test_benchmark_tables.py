@@ -125,3 +125,24 @@ def test_the_fleet_benchmark_finds_when_every_model_first_reaches_its_solo_laten
     path.write_text("gpu_pct: 30\nmodels:\n  - a.onnx\n  - {model: b.onnx, gpu_pct: 70, weight: 2, name: bee}\n")
     assert fleet.members_of(str(path)) == [fleet.Member(str(tmp_path / "a.onnx"), "gpu", 30, 1.0, "m0"),
                                            fleet.Member(str(tmp_path / "b.onnx"), "gpu", 70, 2.0, "bee")]
+
+
+def test_stack_samples_reads_back_the_main_threads_frames_and_their_seconds(tmp_path):
+    """A real faulthandler dump (two samples of a process sleeping in two functions of a tunekit module) read back."""
+    import subprocess
+
+    out = tmp_path / "stacks.txt"
+    script = ("import faulthandler, time, sys\n"
+              f"sink = open({str(out)!r}, 'w'); faulthandler.dump_traceback_later(0.5, repeat=True, file=sink)\n"
+              "def first(): time.sleep(1.2)\n"
+              "def second(): time.sleep(1.0)\n"
+              "first(); second()\n")
+    (tmp_path / "tunekit").mkdir()
+    (tmp_path / "tunekit" / "sampled.py").write_text(script)
+    subprocess.run([sys.executable, str(tmp_path / "tunekit" / "sampled.py")], check=True, timeout=60,
+                   cwd=str(tmp_path))
+    lines = _benchmark("stack_samples").timeline(out.read_text())
+    assert len(lines) >= 3
+    seconds = [float(line.split()[0]) for line in lines]
+    assert seconds == sorted(seconds) and seconds[-1] >= 1
+    assert "tunekit/sampled.py:3 first" in lines[0] and "tunekit/sampled.py:4 second" in lines[-1]

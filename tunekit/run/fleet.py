@@ -1,7 +1,8 @@
 """A fleet: several models, each at its share, tuned by one search with one trial budget (`tunekit tune
 a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
 
-  per model: load, prepare, its own records dir's identity          (run.pipeline, as a single run does)
+  per model: load, prepare, its own records dir's identity          (run.pipeline, as a single run does; each
+    model prepared in a process of its own at once, run.prepare_apart)
   the fleet's shares: sessions; the tasks planned (below) and the runner fleets, build workers or Ray clients
     started once for every model, beside the untuned builds (planned and started again when a model fails there
     or falls back to fp32)
@@ -94,8 +95,7 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
         stack.enter_context(out_dir_lock(out))
         stack.enter_context(executor.connect())
         with steps("prepare_s"):
-            for member in members:  # one at a time: TOPI's tag scope (legalizing) is one for the whole process
-                _prepare(member)
+            _prepare_all(members, out, config)
         live = [m for m in members if not m.error]
         if not live:
             raise RunFailed("no model of the fleet could be prepared: " + "; ".join(f"{m.name}: {m.error}" for m in members))
@@ -111,6 +111,27 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
     return FleetResult(out_dir=out, report_path=write_report(report, out),
                        results={m.name: m.result for m in members if m.result is not None},
                        failed={m.name: m.error for m in members if m.error}, report=report)
+
+
+def _prepare_all(members: list[_Member], out: str, config: TuneConfig) -> None:
+    """Every model loaded here, one at a time, while each is prepared in a process of its own (run.prepare_apart)."""
+    from .prepare_apart import PreparedApart
+
+    apart = PreparedApart(os.path.join(out, "work"))
+    try:
+        for member in members if len(members) > 1 else []:
+            try:
+                for target, precision in member.pipeline.preparations():
+                    apart.start(name=member.name, model=member.entry.model, input_shapes=config.input_shapes,
+                                target=target, precision=precision)
+            except Exception as exc:  # prepared here instead, where a fault says what it is in the member's row
+                log.debug("fleet: %s is prepared in this process (%s)", member.name, exc)
+                continue
+            member.pipeline.prepared_ahead = apart.taker(member.name)
+        for member in members:
+            _prepare(member)
+    finally:
+        apart.close()
 
 
 def _prepare(member: _Member) -> None:

@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from ..config import TuneConfig
 from ..errors import RunFailed
@@ -67,6 +68,8 @@ class Pipeline:
         self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
         self._timing_limit_s: dict[str, float] = {}  # share -> how long a timing may take, from the untuned one's
         self._ahead: dict[str, tuple] = {}  # share -> (records, {path: its build's future}) from build_tuned_ahead
+        # (target, precision) -> (prepared module, precision) or None: a preparation made elsewhere (a fleet's)
+        self.prepared_ahead: Callable | None = None
 
     # ---------------------------------------------------------------- before tuning
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
@@ -83,13 +86,26 @@ class Pipeline:
             wanted = self._precision_for(db_dir)
             key = (str(target.export()), wanted)
             if key not in prepared_for:  # tasks depend only on the target (CPU: its core count), not the share
-                prepared, precision = prepare(loaded.mod, target, precision=wanted)
+                ahead = self.prepared_ahead(target, wanted) if self.prepared_ahead else None
+                prepared, precision = ahead or prepare(loaded.mod, target, precision=wanted)
                 prepared_for[key] = (prepared, extract_tasks(prepared, target), precision)
             prepared, tasks, precision = prepared_for[key]
             jobs.append(ShareJob(share, target, prepared, _unscheduled(tasks), db_dir, self.out, precision=precision))
             log.info("%s: %d tuning tasks in %s, %d trials at %s", loaded.name, len(jobs[-1].tasks), precision,
                      self.config.trials, share.label)
         return jobs
+
+    def preparations(self) -> list[tuple]:
+        """(target, precision) of each module _jobs prepares, for a preparation made elsewhere ahead of it."""
+        from ..records.database import database_dir
+        from ..targets import target_for
+
+        wanted = {}
+        for share in self.shares:
+            target = target_for(share)
+            precision = self._precision_for(database_dir(self.out, share.label))
+            wanted.setdefault((str(target.export()), precision), (target, precision))
+        return list(wanted.values())
 
     def check_identity(self, job: ShareJob, loaded: LoadedModel, *, resume: bool | None = None) -> None:
         from ..records.database import count_trials
