@@ -2,11 +2,11 @@
 a.onnx b.onnx --cpu-pct 50`, `tunekit tune fleet.yaml`, api.tune_fleet).
 
   per model: load, prepare, its own records dir's identity          (run.pipeline, as a single run does; each
-    model prepared in a process of its own at once, run.prepare_apart)
+    model prepared in a process of its own at once, run.prepare_apart), its untuned build started on a thread
   the fleet's shares: sessions; the tasks planned (below) and the runner fleets, build workers or Ray clients
     started once for every model, beside the untuned builds (planned and started again when a model fails there
     or falls back to fp32)
-  per model: the untuned model built (all at once), then measured at its share
+  per model: the untuned model (built since it was prepared) measured at its share
   one search over every model's tasks, each workload once, weighted by the model's weight x the workload's
     count in it: the scheduler's gradient rule then lowers the weighted sum of the models' latencies (Ansor's
     multi-DNN objective). In one process a candidate is measured at the shares of the models that have its
@@ -53,6 +53,7 @@ class _Member:
     loaded: object = None
     job: ShareJob | None = None
     keys: dict = dataclasses.field(default_factory=dict)  # workload key -> (its task name, its weight here)
+    untuned_build: concurrent.futures.Future | None = None  # started once the member is prepared
     untuned: object = None
     result: TuneResult | None = None
     error: str | None = None
@@ -94,8 +95,9 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
     with contextlib.ExitStack() as stack:
         stack.enter_context(out_dir_lock(out))
         stack.enter_context(executor.connect())
+        builds = stack.enter_context(_threads(len(members), "untuned"))
         with steps("prepare_s"):
-            _prepare_all(members, out, config)
+            _prepare_all(members, out, config, builds)
         live = [m for m in members if not m.error]
         if not live:
             raise RunFailed("no model of the fleet could be prepared: " + "; ".join(f"{m.name}: {m.error}" for m in members))
@@ -113,8 +115,9 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
                        failed={m.name: m.error for m in members if m.error}, report=report)
 
 
-def _prepare_all(members: list[_Member], out: str, config: TuneConfig) -> None:
-    """Every model loaded here, one at a time, while each is prepared in a process of its own (run.prepare_apart)."""
+def _prepare_all(members: list[_Member], out: str, config: TuneConfig, builds) -> None:
+    """Every model loaded here, one at a time, while each is prepared in a process of its own (run.prepare_apart);
+    each model's untuned build starts on `builds` as soon as it is prepared."""
     from .prepare_apart import PreparedApart
 
     apart = PreparedApart(os.path.join(out, "work"))
@@ -130,6 +133,8 @@ def _prepare_all(members: list[_Member], out: str, config: TuneConfig) -> None:
             member.pipeline.prepared_ahead = apart.taker(member.name)
         for member in members:
             _prepare(member)
+            if not member.error:
+                member.untuned_build = member.pipeline.build_untuned_ahead(member.job, pool=builds)
     finally:
         apart.close()
 
@@ -178,12 +183,11 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
         # the fleets, build workers and clients start beside the untuned builds (Ray plans its shards from the tasks)
         warm_up = stack.enter_context(contextlib.ExitStack())
         warm = warm_up.enter_context(executor.warm_up(group, sessions))
-        # the untuned builds at once (TVM compiles mostly outside the GIL), timed one after another
-        with steps("untuned_s"), _threads(len(members), "untuned") as pool:
-            builds = [m.pipeline.build_untuned_ahead(m.job, pool=pool) for m in members]
-            for member, build in zip(members, builds):
+        # the untuned builds (started as each model was prepared), timed one after another
+        with steps("untuned_s"):
+            for member in members:
                 label = member.job.label
-                concurrent.futures.wait([build])
+                concurrent.futures.wait([member.untuned_build])
                 try:
                     member.untuned = member.pipeline.measure_untuned([member.job], {label: sessions[label]},
                                                                      member.loaded, settle=warm.settle)[label]

@@ -146,7 +146,25 @@ class MPSDaemon:
         self.stop()
 
 
-_SM_PROBE = "import tvm, json; d = tvm.cuda(0); print(json.dumps({'sm': d.multi_processor_count, 'name': d.device_name}))"
+# The driver API through ctypes: a process that imported TVM for this took about 5 s on an H200 host (two shares'
+# probes were 13 s of a fleet's start, benchmarks/RESULTS.md "A fleet's start"). The count is read in a context,
+# as CUDA's runtime (and TVM) reads it: MPS limits the SMs of a context.
+_SM_PROBE = """
+import ctypes, json, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(status, call):
+    if status:
+        text = ctypes.c_char_p()
+        cuda.cuGetErrorString(status, ctypes.byref(text))
+        sys.exit(f"{call}: CUDA error {status} ({(text.value or b'').decode()})")
+device, context, sm = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_int()
+check(cuda.cuInit(0), "cuInit")
+check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+check(cuda.cuDeviceGetAttribute(ctypes.byref(sm), 16, device), "cuDeviceGetAttribute")  # MULTIPROCESSOR_COUNT
+print(json.dumps({"sm": sm.value}))
+"""
 
 
 def sm_count_at_share(share: Share, env: dict[str, str]) -> int:
