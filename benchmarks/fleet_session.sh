@@ -8,7 +8,8 @@
 # a `tunekit bench` at a share costs about 25 s), SHARE_ROUNDS of share_concurrency.py on the fleet's artifacts
 # (default 0: measured in benchmarks/results/h200x4-fleet). With two GPUs the one-after-another setup runs on GPU 1
 # beside the other two on GPU 0, each on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in
-# turn. With four or more: the fleet on GPU 0, side by side on GPU 1, and each model alone on GPUs 2.. at once,
+# turn (GPU0_SETUPS: GPU 0's setups, default fleet,parallel; AFTER_FLEET: a command once they are done). With four
+# or more: the fleet on GPU 0, side by side on GPU 1, and each model alone on GPUs 2.. at once,
 # composed one after another (fleet.py --alone-on), each GPU with its share of the cores; AFTER_PARALLEL, AFTER_ALONE,
 # AFTER_TABLE: commands to run once that work is done (e.g. `pytest -m gpu` with CUDA_VISIBLE_DEVICES of a free GPU);
 # EXPORT_MORE: more zoo models to export.
@@ -51,9 +52,10 @@ case "$1" in
       elif [ "$gpus" -ge 2 ]; then
         echo "(CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((2 * half - 1)) $fleet --setups sequential --work /tmp/fleet-seq" \
              "> $R/sequential.log 2>&1; echo \"sequential rc=\$?\") &"
-        echo "CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) $fleet --setups fleet,parallel --work /tmp/fleet-main" \
-             "--fleet-args \"${FLEET_ARGS:-}\" > $R/fleet.log 2>&1; echo \"fleet, parallel rc=\$?\"; wait"
-        echo "cp /tmp/fleet-*/runs.json $R/ 2>/dev/null"
+        echo "CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) $fleet --setups ${GPU0_SETUPS:-fleet,parallel}" \
+             "--work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" > $R/fleet.log 2>&1; echo \"GPU 0 rc=\$?\";" \
+             "${AFTER_FLEET:-true}; wait"
+        echo "for d in main seq; do cp /tmp/fleet-\$d/runs.json $R/runs-\$d.json 2>/dev/null; done"
         echo "CUDA_VISIBLE_DEVICES=0 $fleet --setups '' --runs /tmp/fleet-main/runs.json,/tmp/fleet-seq/runs.json" \
              "--rounds ${ROUNDS:-1} --results $R/fleet.md > $R/table.log 2>&1; echo \"table rc=\$?\""
       else  # the three setups in turn, then the table

@@ -234,6 +234,36 @@ def test_q_k_and_v_are_read_in_place_from_a_packed_projection_and_compute_the_sa
     check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq", [40, 197])
+def test_gpu_q_k_and_v_read_in_place_from_a_packed_projection_compute_the_same(tmp_path, seq):
+    """The packed-projection attention (ViT's, head dim 64) built for the GPU, untuned: at 40 the kernel holds K and
+    V in one block, at ViT's 197 it loops over key tiles; both read Q, K and V where the projection wrote them and
+    match onnxruntime fp32 within the fp16 bound."""
+    import os
+
+    from tvm import relax
+
+    from tunekit.clients.compiler import compile_and_export
+    from tunekit.frontend.precision import prepare
+    from tunekit.numerics import check, compare_outputs
+    from tunekit.run.session import load_model
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
+    model = load_model(_packed_attention_onnx(str(tmp_path / "packed.onnx"), seq=seq, heads=2, dim=64))
+    target = target_for(Share("gpu", 100))
+    prepared, precision = prepare(model.mod, target, precision="fp16")
+    assert precision == "fp16" and len(_launches(prepared)) == 4, _launches(prepared)
+    path = compile_and_export(prepared_mod=prepared, target=target, database=None, path=str(tmp_path / "p.so"))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cuda(0))
+    for sample_seed in (3, 4):
+        sample = model.inputs.random(seed=sample_seed)
+        out = vm["main"](tvm.runtime.tensor(sample["x"], device=tvm.cuda(0))).numpy()
+        check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
+
+
 def _launches(prepared) -> list[str]:
     from tvm import relax
 
