@@ -116,8 +116,8 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
 
 
 def _prepare_all(members: list[_Member], out: str, config: TuneConfig, builds) -> None:
-    """Every model loaded here, one at a time, while each is prepared in a process of its own (run.prepare_apart);
-    each model's untuned build starts on `builds` as soon as it is prepared."""
+    """Every model loaded here, one at a time, while each is prepared in a process of its own (run.prepare_apart),
+    then their prepared modules taken; each model's untuned build starts on `builds` as soon as it is taken."""
     from .prepare_apart import PreparedApart
 
     apart = PreparedApart(os.path.join(out, "work"))
@@ -132,20 +132,27 @@ def _prepare_all(members: list[_Member], out: str, config: TuneConfig, builds) -
                 continue
             member.pipeline.prepared_ahead = apart.taker(member.name)
         for member in members:
-            _prepare(member)
-            if not member.error:
+            _step(member, lambda: setattr(member, "loaded", member.pipeline.load_model()))
+        for member in members:
+            if not member.error and _step(member, lambda: _prepare(member)):
                 member.untuned_build = member.pipeline.build_untuned_ahead(member.job, pool=builds)
     finally:
         apart.close()
 
 
 def _prepare(member: _Member) -> None:
+    member.job = member.pipeline.prepare(member.loaded)[0]
+    member.pipeline.check_identity(member.job, member.loaded)
+
+
+def _step(member: _Member, step) -> bool:
+    """Whether `step()` went through; where it did not, the member fails (the others are tuned)."""
     try:
-        member.loaded, jobs = member.pipeline.load()
-        member.job = jobs[0]
-        member.pipeline.check_identity(member.job, member.loaded)
-    except Exception as exc:  # this model only: the others are tuned
+        step()
+        return True
+    except Exception as exc:
         member.fail("prepare", exc)
+        return False
 
 
 def _share_jobs(live: list[_Member], out: str, config: TuneConfig) -> list[ShareJob]:

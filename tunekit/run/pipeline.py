@@ -244,6 +244,12 @@ class Pipeline:
 
     # ---------------------------------------------------------------- the run
     def load(self):
+        """(the loaded model, a job per share with its prepared module and tasks)."""
+        loaded = self.load_model()
+        return loaded, self.prepare(loaded)
+
+    def load_model(self) -> LoadedModel:
+        """The model imported, its sample inputs and their reference outputs."""
         from ..records.database import find_share_databases
 
         with self._step("load_s"):
@@ -254,9 +260,11 @@ class Pipeline:
             self.sample = loaded.inputs.random(seed=self.config.seed)
             self.reference = loaded.reference(self.sample)
             self.output_names = loaded.output_names
+        return loaded
+
+    def prepare(self, loaded: LoadedModel) -> list[ShareJob]:
         with self._step("prepare_s"):
-            jobs = self._jobs(loaded)
-        return loaded, jobs
+            return self._jobs(loaded)
 
     def run(self) -> list[TuneResult]:
         from ..records.identity import out_dir_lock
