@@ -117,3 +117,20 @@ def test_gpu_tunes_survive_seeds_that_draw_the_failing_tiles(conv_model, tmp_pat
         assert report["trials"]["measured"] >= 1
         if engine == "stock":
             assert report["phases"]["seed"] > bad and str(bad) in map(str, report["phases"]["seeds_passed_over"])
+
+
+def test_design_spaces_drawn_at_once_are_the_ones_drawn_one_after_another(tmp_path):
+    """The search draws every task's spaces on threads at once: each context draws from its own random state, so a
+    seed gives the same spaces (the same run) as when they were drawn in turn."""
+    from tunekit.clients.design_spaces import draw_at_once, generate_design_spaces
+    from tunekit.models.examples import save_example
+
+    tasks = _tasks(save_example("resnet18", str(tmp_path / "r18.onnx"), width=8, image=32), Target(H100))
+    assert len(tasks) > 4
+    in_turn = [generate_design_spaces(ctx) for ctx in _contexts(tasks, 7, tmp_path)]
+    at_once = [f.result() for f in draw_at_once(_contexts(tasks, 7, tmp_path), threads=4)]
+    traces = [[[str(s.trace) for s in spaces] for spaces in drawn] for drawn in (in_turn, at_once)]
+    assert traces[0] == traces[1]
+    other = [[str(s.trace) for s in spaces] for spaces in
+             (f.result() for f in draw_at_once(_contexts(tasks, 8, tmp_path), threads=4))]
+    assert other != traces[0]  # the seed is what decides them

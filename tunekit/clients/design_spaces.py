@@ -127,6 +127,22 @@ def generate_design_spaces(ctx, *, draws: int = DRAWS) -> list:
     raise NoDesignSpace(str(ctx.task_name), _summary(first))
 
 
+def draw_at_once(contexts: list, *, threads: int, before=None) -> list:
+    """generate_design_spaces of every context, on `threads` threads at once: a future each. TVM draws outside the
+    GIL, each context from its own random state, so the spaces are the ones drawn one after another. `before(i)`
+    runs first in context i's draw (a test's injected fault)."""
+    import concurrent.futures
+
+    def draw(i: int):
+        if before is not None:
+            before(i)
+        return generate_design_spaces(contexts[i])
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(contexts))),
+                                               thread_name_prefix="tunekit-spaces") as pool:
+        return [pool.submit(draw, i) for i in range(len(contexts))]
+
+
 def _first_draw_error(ctx, *, initialize: bool = True) -> tuple[bool, str] | None:
     """None when stock's Tune can make ctx's space, else (whether a ScheduleError, the error in one line).
     initialize: first initialize ctx again, as TaskRecord(ctx, weight) does inside TaskScheduler.Tune (a context
