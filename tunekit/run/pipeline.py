@@ -75,15 +75,10 @@ class Pipeline:
     def _jobs(self, loaded: LoadedModel) -> list[ShareJob]:
         from ..frontend.precision import prepare
         from ..frontend.tasks import extract_tasks
-        from ..records.database import database_dir
-        from ..targets import target_for
 
         prepared_for: dict[tuple, tuple] = {}
         jobs = []
-        for share in self.shares:
-            target = target_for(share)
-            db_dir = database_dir(self.out, share.label)
-            wanted = self._precision_for(db_dir)
+        for share, target, db_dir, wanted in self._share_plans():
             key = (str(target.export()), wanted)
             if key not in prepared_for:  # tasks depend only on the target (CPU: its core count), not the share
                 ahead = self.prepared_ahead(target, wanted) if self.prepared_ahead else None
@@ -95,15 +90,21 @@ class Pipeline:
                      self.config.trials, share.label)
         return jobs
 
-    def preparations(self) -> list[tuple]:
-        """(target, precision) of each module _jobs prepares, for a preparation made elsewhere ahead of it."""
+    def _share_plans(self) -> list[tuple]:
+        """(share, its target, its records dir, the precision to prepare it in) for every share."""
         from ..records.database import database_dir
         from ..targets import target_for
 
-        wanted = {}
+        plans = []
         for share in self.shares:
-            target = target_for(share)
-            precision = self._precision_for(database_dir(self.out, share.label))
+            db_dir = database_dir(self.out, share.label)
+            plans.append((share, target_for(share), db_dir, self._precision_for(db_dir)))
+        return plans
+
+    def preparations(self) -> list[tuple]:
+        """(target, precision) of each module _jobs prepares, for a preparation made elsewhere ahead of it."""
+        wanted = {}
+        for _, target, _, precision in self._share_plans():
             wanted.setdefault((str(target.export()), precision), (target, precision))
         return list(wanted.values())
 
