@@ -8,7 +8,8 @@
 # a `tunekit bench` at a share costs about 25 s), SHARE_ROUNDS of share_concurrency.py on the fleet's artifacts
 # (default 0: measured in benchmarks/results/h200x4-fleet). With two GPUs the one-after-another setup runs on GPU 1
 # beside the other two on GPU 0, each on half of the cores (benchmarks/results/h200x2-fleet); with one, all three in
-# turn (GPU0_SETUPS: GPU 0's setups, default fleet,parallel; AFTER_FLEET: a command once they are done). With four
+# turn (GPU0_SETUPS: GPU 0's setups, default fleet,parallel; AFTER_FLEET: a command once they are done; on one GPU
+# SETUPS, default all three, then AFTER_FLEET). BEFORE: a command once the models are exported. With four
 # or more: the fleet on GPU 0, side by side on GPU 1, and each model alone on GPUs 2.. at once,
 # composed one after another (fleet.py --alone-on), each GPU with its share of the cores; AFTER_PARALLEL, AFTER_ALONE,
 # AFTER_TABLE: commands to run once that work is done (e.g. `pytest -m gpu` with CUDA_VISIBLE_DEVICES of a free GPU);
@@ -34,7 +35,7 @@ case "$1" in
       for name in $(for item in ${FLEET//,/ }; do echo "${item%%:*}"; done) ${EXPORT_MORE:-}; do  # about 25 s each
         echo "python3 benchmarks/zoo.py export --work /tmp/zoo --models $name > $R/export-$name.log 2>&1 &"
       done
-      echo "wait; echo exported"
+      echo "wait; echo exported; ${BEFORE:-true}"
       if [ "$gpus" -ge 4 ]; then  # GPU 0: the fleet; 1: side by side; 2 and up: each model alone (composed in turn)
         q=$(( $(nproc) / gpus ))
         on() { echo "CUDA_VISIBLE_DEVICES=$1 taskset -c $(( $1 * q ))-$(( $1 * q + q - 1 ))"; }
@@ -58,9 +59,10 @@ case "$1" in
         echo "for d in main seq; do cp /tmp/fleet-\$d/runs.json $R/runs-\$d.json 2>/dev/null; done"
         echo "CUDA_VISIBLE_DEVICES=0 $fleet --setups '' --runs /tmp/fleet-main/runs.json,/tmp/fleet-seq/runs.json" \
              "--rounds ${ROUNDS:-1} --results $R/fleet.md > $R/table.log 2>&1; echo \"table rc=\$?\""
-      else  # the three setups in turn, then the table
-        echo "$fleet --work /tmp/fleet-main --fleet-args \"${FLEET_ARGS:-}\" --rounds ${ROUNDS:-1} --results $R/fleet.md" \
-             "> $R/fleet.log 2>&1; echo \"setups and table rc=\$?\"; cp /tmp/fleet-main/runs.json $R/"
+      else  # the setups in turn (SETUPS, default all three), then the table
+        echo "$fleet --setups ${SETUPS:-fleet,sequential,parallel} --work /tmp/fleet-main" \
+             "--fleet-args \"${FLEET_ARGS:-}\" --rounds ${ROUNDS:-1} --results $R/fleet.md > $R/fleet.log 2>&1;" \
+             "echo \"setups and table rc=\$?\"; cp /tmp/fleet-main/runs.json $R/; ${AFTER_FLEET:-true}"
       fi
       [ "${SHARE_ROUNDS:-0}" -gt 0 ] && echo "${share_on:-CUDA_VISIBLE_DEVICES=0} python3 benchmarks/share_concurrency.py --kind gpu" \
         "--artifacts \$(python3 -c \"import json; r = json.load(open('/tmp/fleet-main/runs.json'))['fleet']['artifacts'];" \
