@@ -18,21 +18,18 @@ def contexts(tasks: list, seed: int, work_dir: str) -> list:
     return ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir, num_threads=1, seed=seed)[0]
 
 
-def arguments(doc: str) -> argparse.ArgumentParser:
-    """The model, target and threads of a benchmark of a run's search start (also first_looks.py)."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="an ONNX file")
     parser.add_argument("--target", default="nvidia/nvidia-h100", help="a TVM target tag")
     parser.add_argument("--precision", default="fp16")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=3)
-    return parser
-
-
-def model_tasks(args) -> tuple:
-    """(target, the model's tasks to tune) as a run prepares them."""
+    args = parser.parse_args()
     from tvm.target import Target
 
+    from tunekit.clients.design_spaces import draw_at_once, generate_design_spaces
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import already_scheduled, extract_tasks
     from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
@@ -42,16 +39,7 @@ def model_tasks(args) -> tuple:
     import_for_target(target.kind.name)
     prepare_metaschedule_logging()
     prepared, _ = prepare(load_model(args.model).mod, target, precision=args.precision)
-    return target, [t for t in extract_tasks(prepared, target) if not already_scheduled(t)]
-
-
-def main() -> None:
-    parser = arguments(__doc__)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    from tunekit.clients.design_spaces import draw_at_once, generate_design_spaces
-
-    _, tasks = model_tasks(args)
+    tasks = [t for t in extract_tasks(prepared, target) if not already_scheduled(t)]
     with tempfile.TemporaryDirectory() as work:
         for _ in range(args.rounds):
             ctxs = contexts(tasks, args.seed, work)

@@ -250,10 +250,6 @@ def test_pipelined_loop_searches_while_batches_build_and_keeps_the_budget(exampl
     assert (pipeline["depth"], pipeline["most_in_flight"]) == (2, 2)
     # how full the pipeline was kept, time-weighted over the loop: never more than the most at once
     assert 0 < pipeline["mean_in_flight"] <= pipeline["most_in_flight"], pipeline
-    # the tasks' first looks were drawn ahead on a thread of their own, each taken by the task it was drawn for
-    ahead = phases["first_looks_ahead"]
-    first_looks = sum(task.get("first_looks", 0) for task in report["tasks"])
-    assert ahead["workers"] == 1 and ahead["started"] >= ahead["taken"] >= 2 and ahead["taken"] <= first_looks, ahead
 
 
 def test_a_deeper_pipeline_keeps_more_batches_in_flight_and_the_budget(example_model, tmp_path):

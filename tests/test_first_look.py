@@ -4,11 +4,10 @@ import hashlib
 
 import numpy as np
 import pytest
-import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from tunekit.clients.first_look import sample_ranked, trained
+from tunekit.clients.first_look import sample_ranked
 from tunekit.metaschedule_env import import_for_target, prepare_metaschedule_logging
 from tunekit.records.trace_keys import trace_key
 
@@ -35,8 +34,9 @@ def _score(candidate) -> float:
     return int(hashlib.sha1(trace_key(candidate.sch.trace).encode()).hexdigest()[:8], 16) / 2 ** 32
 
 
-def _h100_conv_search(example_model, tmp_path, cost_model, *, init_min_unmeasured: int):
-    """The example model's conv task for an H100, its search started (pre_tuning) with `cost_model`."""
+@pytest.mark.e2e
+def test_the_first_look_ranks_valid_samples_by_the_cost_model_and_leaves_the_search_usable(example_model,
+                                                                                          tmp_path):
     from tvm.target import Target
 
     from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
@@ -49,20 +49,12 @@ def _h100_conv_search(example_model, tmp_path, cost_model, *, init_min_unmeasure
     # as the engine does (make_engine): without it the test depends on which target an earlier test
     # of this process imported the intrinsics for (an in-process CPU tune registers only the CPU's)
     import_for_target("cuda")
-    strategy = ms.search_strategy.EvolutionarySearch(population_size=32, genetic_num_iters=1,
-                                                     init_min_unmeasured=init_min_unmeasured)
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=32, genetic_num_iters=1, init_min_unmeasured=8)
     (ctx,), _ = ms.relax_integration.extracted_tasks_to_tune_contexts([task], str(tmp_path), strategy=strategy,
                                                                       num_threads=2, seed=0)
-    ctx.pre_tuning(max_trials=64, num_trials_per_iter=8, design_spaces=ctx.generate_design_space(),
-                   database=ms.database.MemoryDatabase(), cost_model=cost_model)
-    return ctx
-
-
-@pytest.mark.e2e
-def test_the_first_look_ranks_valid_samples_by_the_cost_model_and_leaves_the_search_usable(example_model,
-                                                                                          tmp_path):
     model = TraceHashModel()
-    ctx = _h100_conv_search(example_model, tmp_path, model, init_min_unmeasured=8)
+    ctx.pre_tuning(max_trials=64, num_trials_per_iter=8, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=model)
     ranked = sample_ranked(ctx, model, population=32, keep=12)
     assert 8 <= len(ranked) <= 12  # the sampler keeps going until init_min_unmeasured are valid
     scores = [_score(c) for c in ranked]
@@ -101,37 +93,4 @@ def test_a_search_goes_on_after_being_told_of_more_candidates_than_the_trial_bud
     # every pick, known or not, is heard of: as many as the budget
     ctx.notify_runner_results(first[:1] * trials, [RunnerResult([1e-3], None)] * trials)
     assert ctx.generate_measure_candidates()
-    ctx.post_tuning()
-
-
-@pytest.mark.e2e
-def test_an_untrained_cost_model_is_told_apart_and_its_first_look_keeps_what_it_samples(example_model, tmp_path):
-    """XGBoost scores at random until it has trained on num_warmup_samples measurements: a first look then samples
-    only as many schedules as it keeps. Once trained on the first look's candidates, its ranking is its own."""
-    from tvm.s_tir.meta_schedule.runner import RunnerResult
-
-    model = ms.cost_model.XGBModel(num_warmup_samples=1, num_tuning_cores=1)
-    ctx = _h100_conv_search(example_model, tmp_path, model, init_min_unmeasured=4)
-    assert not trained(model) and trained(TraceHashModel())
-    sampler, rounds = tvm_ffi.get_global_func("s_tir.meta_schedule.SearchStrategyEvolutionarySearchSampleInitPopulation"), []
-
-    def draw(strategy, n):
-        rounds.append(n)
-        return sampler(strategy, n)
-
-    first = sample_ranked(ctx, model, population=32, keep=6, draw=draw)
-    # rounds of 6 until 6 are valid, never the 32 a ranking by the model draws
-    assert 1 <= len(first) <= 6 and rounds and set(rounds) == {6} and len(rounds) * 6 <= 36, rounds
-    trained_rounds = []
-    model.update(ctx, first, [RunnerResult([1e-5 * (1 + _score(c))], None) for c in first])
-    assert trained(model)  # run times that grow with the trace's hash: something learned
-
-    def draw_trained(strategy, n):
-        trained_rounds.append(n)
-        return sampler(strategy, n)
-
-    ranked = sample_ranked(ctx, model, population=32, keep=6, draw=draw_trained)
-    assert trained_rounds == [32]
-    scores = list(model.predict(ctx, ranked))
-    assert scores == sorted(scores, reverse=True)  # ranked by the model, not at random
     ctx.post_tuning()

@@ -200,13 +200,6 @@ class TaskScheduler:
     def _open(self, busy: set[int]) -> list[TaskState]:
         return [t for t in self.tasks if not t.exhausted and not t.negligible and t.index not in busy]
 
-    def first_batches(self, tasks: list[TaskState] | None = None) -> list[TaskState]:
-        """The open tasks (of `tasks`) that have had no batch yet, in the order next_task takes them: the
-        costliest in the model first."""
-        tasks = [t for t in self._open(set()) if t.measured < t.cap] if tasks is None else tasks
-        return sorted((t for t in tasks if t.batches == 0), key=lambda t: (t.cost_in_model(), t.flops * t.weight),
-                      reverse=True)
-
     def next_task(self, busy: set[int], ahead: int = 0, *, reserved: dict[int, int] | None = None) -> TaskState | None:
         """The task to search next; `busy` are the indices of tasks with a batch in flight (a task is
         never searched again before its last batch came back: the search must hear the results).
@@ -221,8 +214,10 @@ class TaskScheduler:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
         if open_tasks:
-            first = self.first_batches(open_tasks)
-            return first[0] if first else self._best(open_tasks)
+            warm_up = [t for t in open_tasks if t.batches == 0]
+            if warm_up:
+                return max(warm_up, key=lambda t: (t.cost_in_model(), t.flops * t.weight))
+            return self._best(open_tasks)
         # Rather than leave a slot of the pipeline empty (a client holding fewer tasks than its depth),
         # a busy task sends the picks its search already made; it spends its own cap, not the pool's.
         in_reserve = [t for t in self.tasks if t.index in reserved and not t.exhausted and not t.negligible]

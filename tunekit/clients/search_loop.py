@@ -180,11 +180,6 @@ def untuned_module(ctx, target):
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())(private)
 
 
-def first_looks_at_once(search_threads: int) -> int:
-    """First looks drawn at once, each on the search's threads: a sampler's serial parts leave cores idle."""
-    return max(1, min(4, round(search_threads / 4)))
-
-
 def search_contexts(tasks: list, target, work_dir: str, *, config: TuneConfig, threads: int) -> tuple[list, list]:
     """(TuneContexts, weights) of `tasks` with tunekit's evolutionary search settings and seed."""
     from tvm.s_tir import meta_schedule as ms
@@ -223,7 +218,6 @@ class SearchLoop:
             ShareLane(label, database, (share_cost_models or {})[label])
             for label, database in request.other_shares.items()]
         self._pre_tuned: list = []  # the TuneContexts whose search was set up (post_tuning at the end)
-        self.ahead: first_look.Ahead | None = None  # first looks drawn on threads of their own (_look_ahead)
         for lane in self.lanes:
             lane.tasks = self._make_tasks(lane, first=lane is self.lanes[0])
         # per task, the lanes that want it (request.task_shares); the first one's state is what the scheduler,
@@ -260,6 +254,7 @@ class SearchLoop:
         keep = [i for i, t in enumerate(req.extracted_tasks) if not already_scheduled(t)]
         extracted = [req.extracted_tasks[i] for i in keep]
         budgets = [req.task_budgets[i] for i in keep] if req.task_budgets is not None else None
+        kind = req.target.kind.name
         contexts, weights = search_contexts(extracted, req.target, req.work_dir, config=config,
                                             threads=self.search_threads)
         known = known_traces(lane.database)
@@ -284,7 +279,7 @@ class SearchLoop:
                 state.fallback = f"design space: {error_line(str(exc))}"
                 log.warning("task %s keeps its untuned kernel: %s", task.task_name, state.fallback)
             else:
-                start_search(ctx, picks=self._picks(), design_spaces=spaces,
+                start_search(ctx, picks=config.trials_per_iter * config.search_batches_for(kind), design_spaces=spaces,
                              database=lane.database, cost_model=lane.cost_model)
                 self._pre_tuned.append(ctx)
             state.budget = state.cap = config.trials if budgets is None else int(budgets[i])
@@ -303,35 +298,10 @@ class SearchLoop:
         """The share whose search refills `task`'s picks: among the shares that want it, the one after the share
         whose picks were just spent (tasks start at different shares, so the first batches of a short run are not
         all the first share's). With one share, always that share."""
-        lane = self._searcher_after(task.index, self.turn.get(task.index))
+        owners, current = self.owners[task.index], self.turn.get(task.index)
+        lane = owners[task.index % len(owners) if current not in owners else (owners.index(current) + 1) % len(owners)]
         self.turn[task.index] = lane
         return lane
-
-    def _searcher_after(self, index: int, current: int | None) -> int:
-        owners = self.owners[index]
-        return owners[index % len(owners) if current not in owners else (owners.index(current) + 1) % len(owners)]
-
-    def _picks(self) -> int:
-        """Candidates per search: the batches one search serves."""
-        config = self.req.config
-        return config.trials_per_iter * config.search_batches_for(self.req.target.kind.name)
-
-    def _look_ahead(self) -> None:
-        """With overlap, the first looks of the tasks that have not been searched start now on threads of
-        their own, in the order the scheduler will take them (without, searching is one stage of three in
-        turn, and first looks drawn meanwhile would share the cores being measured)."""
-        if self.depth <= 1:
-            return
-        pending = [t for t in self.scheduler.first_batches() if t.index not in self.turn]
-        if not pending:
-            return
-        self.ahead = first_look.Ahead(workers=first_looks_at_once(self.search_threads))
-        for task in pending:
-            lane = self._searcher_after(task.index, None)
-            mine = self.lanes[lane].tasks[task.index]
-            if mine.searches == 0 and not mine.seen:
-                self.ahead.start((lane, task.index), mine.ctx, self.lanes[lane].cost_model,
-                                 population=self.req.config.population, keep=self._picks())
 
     def _run(self, task: TaskState, runner_inputs: list) -> list:
         """The runner's futures of `runner_inputs`, measured at the shares that want `task`."""
@@ -399,15 +369,13 @@ class SearchLoop:
         """Run `lane`'s search for `task` once: its picks go to the task's reserve, best predicted first.
         False when the search has nothing more to give."""
         mine = self.lanes[lane].tasks[task.index]
+        config, kind = self.req.config, self.req.target.kind.name
         try:
             task_faults.raise_if_injected("search", task.name)
             if mine.searches == 0 and not mine.seen:
                 # Nothing measured for this task yet: sample and rank, no generations (clients.first_look).
-                if self.ahead is not None and self.ahead.has((lane, task.index)):
-                    found = self.ahead.take((lane, task.index))
-                else:
-                    found = first_look.sample_ranked(mine.ctx, self.lanes[lane].cost_model,
-                                                     population=self.req.config.population, keep=self._picks())
+                found = first_look.sample_ranked(mine.ctx, self.lanes[lane].cost_model, population=config.population,
+                                                 keep=config.trials_per_iter * config.search_batches_for(kind))
                 mine.first_looks += 1
             else:
                 found = mine.ctx.generate_measure_candidates()
@@ -637,11 +605,8 @@ class SearchLoop:
         in_flight: collections.deque[_Batch] = collections.deque()
         try:
             spent = self._before_search(stage, started)
-            self._look_ahead()
             self._loop(stage, in_flight, started, spent)
         finally:
-            if self.ahead is not None:
-                self.ahead.close()  # no first look still draws on a context when its search is ended below
             stage.shutdown(wait=not in_flight, cancel_futures=True)
             self.updater.shutdown(wait=True)  # the saved model has every update
         for ctx in self._pre_tuned:
@@ -730,7 +695,6 @@ class SearchLoop:
         measured = sum(t.measured for t in lane.tasks)
         return LoopOutcome(measured, sum(t.failed for t in lane.tasks), sum(t.cached for t in lane.tasks), wall, rows,
                            {**self.phases.as_dict(wall, measured), **shared,
-                            **({"first_looks_ahead": self.ahead.describe()} if self.ahead is not None else {}),
                             "pipeline": {"depth": self.depth, "most_in_flight": self.most_in_flight,
                                          "sent_ahead": self.sent_ahead,
                                          "mean_in_flight": round(self._in_flight_s / self._loop_s, 3)
