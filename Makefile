@@ -13,13 +13,16 @@ TORCH_SITE := .torchsite
 # NVRTC without a GPU: tests/test_cuda_compile.py compiles CUDA sources with it. Kept out of the venv,
 # where cuda-bindings would make a CPU machine look ready for --gpu-pct (the `gpu` extra's check).
 NVRTC_SITE := .nvrtcsite
+# Triton (kernels.triton_gemm compiles GEMM tasks with it, for a GPU architecture, on any machine): optional likewise.
+TRITON_SITE := .tritonsite
 
-# The three installs run side by side (disjoint folders); the optional two may fail, and their tests then skip.
+# The four installs run side by side (disjoint folders); the optional three may fail, and their tests then skip.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --target $(TORCH_SITE) 'torch==2.13.0+cpu' & \
 	$(BIN)/pip install -q --target $(NVRTC_SITE) 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14' & \
+	$(BIN)/pip install -q --no-deps --target $(TRITON_SITE) 'triton==3.6.0' & \
 	$(BIN)/pip install -q -e '.[test]'; status=$$?; wait; exit $$status
 	touch $(STAMP)
 
@@ -55,4 +58,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/zoo.py table --work $(ZOO) --out $(ZOO)/zoo.md
 
 clean:
-	rm -rf tunekit-out .pytest_cache $(TORCH_SITE) $(NVRTC_SITE)
+	rm -rf tunekit-out .pytest_cache $(TORCH_SITE) $(NVRTC_SITE) $(TRITON_SITE)

@@ -13,6 +13,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 _TORCH_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".torchsite")
 if os.path.isdir(_TORCH_SITE):
     sys.path.append(_TORCH_SITE)
+# Triton likewise (.tritonsite): the GEMM kernels of kernels.triton_gemm compile with it, no GPU needed
+_TRITON_SITE = os.path.join(os.path.dirname(_TORCH_SITE), ".tritonsite")
+if os.path.isdir(_TRITON_SITE):
+    sys.path.append(_TRITON_SITE)
 
 
 def has_gpu() -> bool:

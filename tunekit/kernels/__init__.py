@@ -1,0 +1,1 @@
+"""Kernels beyond MetaSchedule's schedules: a task's candidates of another kind (issue 53)."""
