@@ -55,6 +55,46 @@ def records_for(database, keys: list[str]):
     return kept
 
 
+def kernels_worth_applying(db_dir: str, database) -> dict:
+    """{workload key: KernelRecord} of the tasks whose fastest kernel of another kind (records.kernel_records), its
+    output right at the share, beats both `database`'s best record of the task and its untuned kernel."""
+    from ..records import kernel_records
+    from ..records.baselines import read_baselines, workload_key
+    from ..records.database import mean_run_us
+
+    kernels = kernel_records.best_checked(db_dir)
+    if not kernels:
+        return {}
+    beat = dict(read_baselines(db_dir))  # the untuned kernel's time, then the best record's where faster
+    if database is not None:
+        for record in database.get_all_tuning_records():
+            us = mean_run_us(record.run_secs)
+            key = workload_key(record.workload.mod)
+            if us is not None and us < beat.get(key, float("inf")):
+                beat[key] = us
+    return {key: record for key, record in kernels.items() if record.mean_us < beat.get(key, float("inf"))}
+
+
+def with_kernels(mod, kernels: dict, *, target):
+    """`mod` (prepared, before any record is applied: the tasks are matched by their workload keys) with the tasks
+    of `kernels` ({workload key: KernelRecord}) computed by those kernels. Where the kernels cannot be built here
+    (TVM's CUDA runtime is not linked in on a machine without the driver), `mod` as it is, and a warning."""
+    import logging
+
+    import tvm_ffi
+
+    from ..kernels.triton_gemm import KIND, TileConfig, with_triton_kernels
+
+    triton = {key: TileConfig.from_name(r.config) for key, r in kernels.items() if r.kind == KIND}
+    if not triton:
+        return mod
+    if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
+        logging.getLogger("tunekit").warning("%d Triton kernels measured best are not built in: this machine's TVM "
+                                             "has no CUDA runtime; their tasks take MetaSchedule's", len(triton))
+        return mod
+    return with_triton_kernels(mod, triton, target=target)[0]
+
+
 def records_worth_applying(db_dir: str, *, create: bool = True):
     """`useful_records` of a share's database dir, against the untuned baselines kept beside it."""
     from ..records.baselines import read_baselines
@@ -84,9 +124,12 @@ def uses_cuda_graphs(target) -> bool:
 
 
 def compile_and_export(*, prepared_mod, target, database, path: str, baselines: dict | None = None,
-                       cuda_graph: bool | None = None) -> str:
+                       cuda_graph: bool | None = None, kernels: dict | None = None) -> str:
     """Apply the records worth applying, compile (with CUDA graphs on a GPU unless `cuda_graph` is
-    False) and export a linked library to `path` atomically."""
+    False) and export a linked library to `path` atomically. `kernels`: {workload key: KernelRecord} of tasks
+    computed by kernels of another kind (kernels_worth_applying), put in before the records."""
+    if kernels:
+        prepared_mod = with_kernels(prepared_mod, kernels, target=target)
     if database is not None:
         database, _ = useful_records(database, baselines)
     mod = prepared_mod if database is None else apply_records(prepared_mod=prepared_mod, target=target,

@@ -222,13 +222,14 @@ class Pipeline:
     def _compile(self, job: ShareJob, *, path: str, database, cuda_graph) -> None:
         """Compile `job.prepared` with `database`'s records. Without records the build depends only on
         the prepared module and the target, so shares that share both (a GPU's shares) compile it once."""
-        from ..clients.compiler import compile_and_export
+        from ..clients.compiler import compile_and_export, kernels_worth_applying
 
         key = (id(job.prepared), str(job.target.export()), cuda_graph)
+        kernels = kernels_worth_applying(job.db_dir, database) if database is not None else None
         try:
             self._untuned_builds.build(path, lambda: compile_and_export(prepared_mod=job.prepared, target=job.target,
                                                                         database=database, path=path,
-                                                                        cuda_graph=cuda_graph),
+                                                                        cuda_graph=cuda_graph, kernels=kernels),
                                        key=key if database is None else None)
         except Exception as exc:  # a record that does not build: numerics_repair leaves its task untuned
             if database is None:
