@@ -44,22 +44,17 @@ class TileConfig:
         return cls(*(int(x) for x in found.groups()))
 
 
+# Triton's matmul tutorial's configurations for Hopper and Ampere, and smaller-M ones for a batch of a few rows
+_CONFIGS = [TileConfig(128, 256, 64, 8, 3), TileConfig(64, 256, 32, 4, 4), TileConfig(128, 128, 32, 4, 4),
+            TileConfig(128, 64, 32, 4, 4), TileConfig(64, 128, 32, 4, 4), TileConfig(128, 32, 32, 4, 4),
+            TileConfig(64, 32, 32, 2, 5), TileConfig(32, 64, 32, 2, 5), TileConfig(64, 64, 64, 4, 3),
+            TileConfig(32, 128, 64, 4, 3), TileConfig(16, 128, 64, 4, 3), TileConfig(16, 64, 64, 4, 4)]
+
+
 def tile_configs(plan) -> list[TileConfig]:
-    """The candidates worth measuring for `plan`: tiles no larger than the problem needs (tl.dot takes 16 and up)."""
-    out = []
-    for bm in (16, 32, 64, 128):
-        if bm > max(16, _ceil_pow2(plan.m)):
-            continue
-        for bn in (32, 64, 128, 256):
-            if bn > max(32, _ceil_pow2(plan.n)):
-                continue
-            for bk in (32, 64):
-                for warps in (4, 8):
-                    if bm * bn // (warps * 32) < 8:  # fewer than 8 accumulators a thread: too many warps
-                        continue
-                    for stages in (3, 4):
-                        out.append(TileConfig(bm, bn, bk, warps, stages))
-    return out
+    """The candidates worth measuring for `plan`: no tile larger than the problem needs (tl.dot takes 16 and up)."""
+    return [c for c in _CONFIGS if c.block_m <= max(16, _ceil_pow2(plan.m)) and c.block_n <= max(32, _ceil_pow2(plan.n))
+            and c.block_k <= max(32, _ceil_pow2(plan.k))]
 
 
 def _ceil_pow2(x: int) -> int:
