@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def bert_like(heads: int, seq: int, dim: int):
@@ -94,22 +94,11 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args)
 
-    from tunekit.run.session import ShareSession
-    from tunekit.shares.share import Share
+    from pinned_worker import rows_at_shares
 
-    rows = []
-    for pct in (int(p) for p in args.gpu_pct.split(",")):
-        with ShareSession(Share("gpu", pct), allow_unenforced=False) as session:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", *[f"--{k}={v}" for k, v in (
-                ("heads", args.heads), ("seq", args.seq), ("dim", args.dim), ("number", args.number),
-                ("repeat", args.repeat))]]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **session.pinned.popen_kwargs())
-            if proc.returncode != 0:
-                sys.exit(f"gpu{pct}: {proc.stderr[-2000:]}")
-            for line in proc.stdout.strip().splitlines():
-                if line.startswith("{"):
-                    rows.append({"share": f"gpu{pct}", **json.loads(line)})
-                    print(json.dumps(rows[-1]), flush=True)
+    rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
+        "heads": args.heads, "seq": args.seq, "dim": args.dim, "number": args.number, "repeat": args.repeat},
+        timeout_s=600)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"heads": args.heads, "seq": args.seq, "dim": args.dim, "rows": rows}, fh, indent=1)

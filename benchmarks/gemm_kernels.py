@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 
 def layers(seq: int, hidden: int, mlp: int) -> dict:
@@ -147,22 +147,11 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args)
 
-    from tunekit.run.session import ShareSession
-    from tunekit.shares.share import Share
+    from pinned_worker import rows_at_shares
 
-    rows = []
-    for pct in (int(p) for p in args.gpu_pct.split(",")):
-        with ShareSession(Share("gpu", pct), allow_unenforced=False) as session:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", *[f"--{k}={v}" for k, v in (
-                ("seq", args.seq), ("hidden", args.hidden), ("mlp", args.mlp), ("configs", args.configs),
-                ("number", args.number), ("repeat", args.repeat))]]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, **session.pinned.popen_kwargs())
-            for line in proc.stdout.strip().splitlines():
-                if line.startswith("{"):
-                    rows.append({"share": f"gpu{pct}", **json.loads(line)})
-                    print(json.dumps(rows[-1]), flush=True)
-            if proc.returncode != 0:
-                print(f"gpu{pct}: {proc.stderr[-2000:]}", file=sys.stderr)
+    rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
+        "seq": args.seq, "hidden": args.hidden, "mlp": args.mlp, "configs": args.configs, "number": args.number,
+        "repeat": args.repeat}, timeout_s=1800)
     print(table(rows))
     if args.json:
         with open(args.json, "w") as fh:

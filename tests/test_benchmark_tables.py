@@ -146,3 +146,18 @@ def test_stack_samples_reads_back_the_main_threads_frames_and_their_seconds(tmp_
     seconds = [float(line.split()[0]) for line in lines]
     assert seconds == sorted(seconds) and seconds[-1] >= 1
     assert "tunekit/sampled.py:3 first" in lines[0] and "tunekit/sampled.py:4 second" in lines[-1]
+
+
+def test_the_gemm_table_takes_the_fastest_triton_kernel_within_the_fp16_bound():
+    """benchmarks/gemm_kernels.py: a faster configuration whose output is wrong is not the best; a task with no
+    right Triton kernel has no row."""
+    gemm = _benchmark("gemm_kernels")
+    rows = [{"share": "gpu40", "task": "qkv", "kind": "dlight", "config": "untuned", "median_us": 20.0},
+            {"share": "gpu40", "task": "qkv", "kind": "triton", "config": "fast-wrong", "median_us": 5.0,
+             "tflops": 400.0, "of_share_peak": 1.0, "max_abs_err": 0.5, "ref_max": 3.0},
+            {"share": "gpu40", "task": "qkv", "kind": "triton", "config": "m64n64k32w4s3g8", "median_us": 10.0,
+             "tflops": 100.0, "of_share_peak": 0.25, "max_abs_err": 0.001, "ref_max": 3.0},
+            {"share": "gpu40", "task": "fc2", "kind": "dlight", "config": "untuned", "median_us": 20.0},
+            {"share": "gpu40", "task": "fc2", "error": "no GEMM plan"}]
+    lines = gemm.table(rows).splitlines()
+    assert len(lines) == 3 and "| gpu40 | qkv | 20.00 | m64n64k32w4s3g8 | 10.00 | 0.500 | 100.0 | 0.25 |" == lines[2]
