@@ -4,7 +4,8 @@ fp16 tensor-core peak (run.efficiency), and the largest error against the task's
 
 The tasks are a dense layer's as tunekit prepares them (fp16, bias and the activation fused after the matmul), at
 ViT-B/16's shapes by default (sequence 197: QKV, out-projection, fc1 with GELU, fc2), from a one-layer ONNX model
-written here. Each share's timing runs in a process pinned to the share (tunekit's share session: its own MPS
+written here. fc2's long K is split (frontend.split_k): its task is the partial sums, without the task that adds
+them up. Each share's timing runs in a process pinned to the share (tunekit's share session: its own MPS
 daemon), with TVM's time_evaluator. Needs a GPU and Triton.
 
   python benchmarks/gemm_kernels.py --gpu-pct 40,100 [--seq 197 --hidden 768 --mlp 3072] [--json F]
@@ -62,7 +63,7 @@ def gemm_task(path: str, target):
     prepare_metaschedule_logging()
     prepared, _ = prepare(load_model(path).mod, target, precision="fp16")
     found = [(t.dispatched[0]["main"], plan_of(t.dispatched[0]["main"])) for t in extract_tasks(prepared, target)]
-    return next(((f, p) for f, p in found if p is not None), (None, None))  # split-K (a long K) has none yet
+    return next(((f, p) for f, p in found if p is not None), (None, None))
 
 
 def worker(args) -> None:
@@ -85,7 +86,7 @@ def worker(args) -> None:
     for name, (m, k, n, activation) in layers(args.seq, args.hidden, args.mlp).items():
         func, plan = gemm_task(dense_onnx(os.path.join(work, f"{name}.onnx"), m, k, n, activation), target)
         if plan is None:
-            print(json.dumps({"task": name, "error": "no GEMM plan (tunekit splits its K)"}), flush=True)
+            print(json.dumps({"task": name, "error": "no GEMM plan"}), flush=True)
             continue
         rng = np.random.default_rng(1)
         host = [(rng.standard_normal([int(s) for s in p.shape]) * 0.5).astype(str(p.dtype)) for p in func.params]

@@ -72,13 +72,16 @@ def test_a_dense_layer_with_its_epilogue_has_a_plan_and_nothing_else_does(tmp_pa
     _, plan, _ = _gemm(_dense_onnx(str(tmp_path / "res.onnx"), m=40, k=72, n=48, residual=True))
     assert sorted(o.indexed_by for o in plan.operands) == ["mn", "n"]  # bias and residual
     assert any("tl.sigmoid" in s for s in plan.epilogue)  # tanh
+    _, plan, _ = _gemm(_dense_onnx(str(tmp_path / "long.onnx"), m=40, k=1024, n=48, residual=False))
+    assert (plan.splits, plan.k, plan.operands, plan.epilogue, plan.out_dtype) == (4, 256, (), (), "float32")
 
 
 @pytest.mark.parametrize("residual,k,tile", [(False, 64, (16, 32, 32, 4, 3)), (True, 72, (32, 64, 32, 4, 3)),
-                                             (True, 72, (16, 32, 64, 4, 4))])
+                                             (True, 72, (16, 32, 64, 4, 4)), (False, 1024, (32, 32, 64, 4, 3))])
 def test_the_triton_kernel_computes_what_the_task_does(tmp_path, residual, k, tile):
     """The kernel in Triton's interpreter on the CPU against TVM's LLVM build of the task's PrimFunc: M = 40 leaves a
-    partial row of tiles, K = 72 a partial K step, N = 48 a partial column of tiles at 32 and 64."""
+    partial row of tiles, K = 72 a partial K step, N = 48 a partial column of tiles at 32 and 64; K = 1024 is split
+    in 4 (frontend.split_k: the task writes 4 partial sums, which another task adds up)."""
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     from tunekit.kernels.triton_gemm import TileConfig

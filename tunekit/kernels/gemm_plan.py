@@ -43,10 +43,12 @@ class GemmPlan:
     operands: tuple[Operand, ...]  # what the epilogue reads, e0, e1, ... in order
     epilogue: tuple[str, ...]  # Triton statements t<j> = ... of acc (fp32), e<i> and earlier t<j>, one a block
     result: str       # the name whose value, cast to out_dtype, is the output
+    # split-K (frontend.split_k): the output is [splits, M, N] of partial sums, split s over K rows [s k, (s + 1) k)
+    splits: int = 1
 
     @property
     def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
+        return 2 * self.m * self.n * self.k * self.splits
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,7 +87,8 @@ def _plan(func) -> GemmPlan:
     buffers = list(func.params)  # TVM 0.27: a PrimFunc's parameters are its buffers
     param_of = _ParamIndex(buffers)
     gemm, rest = blocks[0], blocks[1:]
-    m, n, k, a, b, b_transposed, acc_buf, in_dtype = _matmul(gemm, param_of)
+    m, n, k, splits, a, b, b_transposed, acc_buf, in_dtype = _matmul(gemm, param_of)
+    _require(splits == 1 or not rest)  # split-K partial sums go out as they are
     spatial = [iv for iv in gemm.iter_vars if iv.iter_type == 0]
     values = {acc_buf.name: "acc"}  # an intermediate buffer (by name) -> the name of its value in Triton
     statements: list[str] = []
@@ -109,7 +112,8 @@ def _plan(func) -> GemmPlan:
     out_buf = buffers[out]
     _require(str(out_buf.dtype) in _TRITON_DTYPES and [int(x) for x in out_buf.shape][-2:] == [m, n])
     return GemmPlan(m=m, n=n, k=k, a=a, b=b, b_transposed=b_transposed, out=out, in_dtype=in_dtype,
-                    out_dtype=str(out_buf.dtype), operands=tuple(operands), epilogue=tuple(statements), result=values[last.name])
+                    out_dtype=str(out_buf.dtype), operands=tuple(operands), epilogue=tuple(statements),
+                    result=values[last.name], splits=splits)
 
 
 class _ParamIndex:
@@ -123,38 +127,66 @@ class _ParamIndex:
 
 
 def _matmul(block, param_of):
-    """(M, N, K, A's parameter, B's parameter, B transposed, the accumulator's buffer, the inputs' dtype)."""
+    """(M, N, K, splits, A's parameter, B's parameter, B transposed, the accumulator's buffer, the inputs' dtype).
+    K is one split's when the block is split-K's (a leading spatial axis s whose K rows start at s K)."""
     import tvm
     from tvm.ir.prim import expr as E
 
     ivs = list(block.iter_vars)
     _require(len(ivs) in (3, 4) and [iv.iter_type for iv in ivs[:-1]] == [0] * (len(ivs) - 1)
              and ivs[-1].iter_type == 2)
-    _require(all(int(iv.dom.extent) == 1 for iv in ivs[:-3]))
     vm, vn, vk = (iv.var for iv in ivs[-3:])
     m, n, k = (int(iv.dom.extent) for iv in ivs[-3:])
+    split = ivs[0] if len(ivs) == 4 and int(ivs[0].dom.extent) > 1 else None
+    splits = int(split.dom.extent) if split is not None else 1
+    batch = [] if split is not None else ivs[:-3]
+    _require(all(int(iv.dom.extent) == 1 for iv in batch))
     store = block.body
     _require(isinstance(store, tvm.tirx.BufferStore) and str(store.buffer.dtype) == "float32")
     _require(block.init is not None and isinstance(block.init.value, E.FloatImm) and float(block.init.value.value) == 0)
     value = store.value
     _require(isinstance(value, E.Add) and _is_load(value.a) and value.a.source.same_as(store.buffer)
              and isinstance(value.b, E.Mul))
-    _require(_plain_index(store.indices, ivs[:-1]))
+    if split is None:
+        _require(_plain_index(store.indices, ivs[:-1]))
+    else:
+        _require(len(store.indices) == 3 and _same_vars(store.indices, [split.var, vm, vn]))
     loads = [_uncast(x) for x in (value.b.a, value.b.b)]
     _require(all(_is_load(x) for x in loads))
     a_load, b_load = loads
-    _require(_same_vars(a_load.indices[-2:], [vm, vk]) and all(_zero_or(i, ivs[:-3]) for i in a_load.indices[:-2]))
+
+    def k_index(index) -> bool:  # the K row: k itself, or split s's k-th (s * K + k)
+        if split is None:
+            return isinstance(index, tvm.tirx.Var) and index.same_as(vk)
+        return _split_k_index(index, split.var, vk, k)
+
+    _require(len(a_load.indices) >= 2 and k_index(a_load.indices[-1]) and _same_vars(a_load.indices[-2:-1], [vm])
+             and all(_zero_or(i, batch) for i in a_load.indices[:-2]))
     _require(len(b_load.indices) == 2)
-    if _same_vars(b_load.indices, [vk, vn]):
+    if k_index(b_load.indices[0]) and _same_vars(b_load.indices[1:], [vn]):
         transposed = False
     else:
-        _require(_same_vars(b_load.indices, [vn, vk]))
+        _require(_same_vars(b_load.indices[:1], [vn]) and k_index(b_load.indices[1]))
         transposed = True
     a, b = param_of.index(a_load.source), param_of.index(b_load.source)
     _require(a is not None and b is not None and str(a_load.source.dtype) == str(b_load.source.dtype)
              and str(a_load.source.dtype) in ("float16", "float32"))
-    _require([int(x) for x in a_load.source.shape][-2:] == [m, k])
-    return m, n, k, a, b, transposed, store.buffer, str(a_load.source.dtype)
+    _require([int(x) for x in a_load.source.shape][-2:] == [m, k * splits])
+    return m, n, k, splits, a, b, transposed, store.buffer, str(a_load.source.dtype)
+
+
+def _split_k_index(index, vs, vk, k: int) -> bool:
+    """Whether `index` is vs * k + vk (in either order)."""
+    from tvm.ir.prim import expr as E
+
+    if not isinstance(index, E.Add):
+        return False
+    for scaled, plain in ((index.a, index.b), (index.b, index.a)):
+        if _same_vars([plain], [vk]) and isinstance(scaled, E.Mul):
+            for var, const in ((scaled.a, scaled.b), (scaled.b, scaled.a)):
+                if _same_vars([var], [vs]) and isinstance(const, E.IntImm) and int(const.value) == k:
+                    return True
+    return False
 
 
 def _is_load(x) -> bool:

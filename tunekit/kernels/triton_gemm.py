@@ -72,17 +72,20 @@ def kernel_name(plan, config: TileConfig) -> str:
 
 
 def kernel_source(plan, config: TileConfig, name: str) -> str:
-    """Python source of the @triton.jit kernel: every shape and tile size a literal; pointers a, b, e<i>, out."""
+    """Python source of the @triton.jit kernel: every shape and tile size a literal; pointers a, b, e<i>, out. With
+    split-K the programs past the first M x N tiles take the next split: its K rows and its [M, N] of the output."""
     m, n, k = plan.m, plan.n, plan.k
+    row = k * plan.splits  # A's row and B's column length
     bm, bn, bk, group = config.block_m, config.block_n, config.block_k, config.group_m
-    grid_m, in_group = -(-m // bm), group * -(-n // bn)  # tiles down M; tiles in a group of rows
+    grid_m, tiles = -(-m // bm), -(-m // bm) * -(-n // bn)
+    in_group = group * -(-n // bn)  # tiles in a group of rows of tiles
     operands = [f"e{i}_ptr" for i in range(len(plan.operands))]
     if plan.b_transposed:
-        b_tile = f"b + rn[None, :] * {k} + kk[:, None]"
+        b_tile = f"b + rn[None, :] * {row} + kk[:, None]"
     else:
         b_tile = f"b + kk[:, None] * {n} + rn[None, :]"
-    k_mask = "" if k % bk == 0 else f" & (kk[None, :] < {k})"
-    k_mask_b = "" if k % bk == 0 else f" & (kk[:, None] < {k})"
+    k_mask = "" if k % bk == 0 else f" & (kk[None, :] < k_end)"
+    k_mask_b = "" if k % bk == 0 else f" & (kk[:, None] < k_end)"
     lines = [
         "import triton",
         "import triton.language as tl",
@@ -90,7 +93,8 @@ def kernel_source(plan, config: TileConfig, name: str) -> str:
         "",
         "@triton.jit",
         f"def {name}({', '.join(['a', 'b', *operands, 'out'])}):",
-        "    pid = tl.program_id(0)",
+        f"    split = tl.program_id(0) // {tiles}",
+        f"    pid = tl.program_id(0) % {tiles}",
         f"    first_m = (pid // {in_group}) * {group}",
         f"    size_m = tl.minimum({grid_m} - first_m, {group})",
         f"    pm = first_m + (pid % {in_group}) % size_m",
@@ -100,10 +104,12 @@ def kernel_source(plan, config: TileConfig, name: str) -> str:
         f"    rk = tl.arange(0, {bk})",
         f"    mask_m = rm < {m}",
         f"    mask_n = rn < {n}",
+        f"    k_first = split * {k}",
+        f"    k_end = k_first + {k}",
         f"    acc = tl.zeros(({bm}, {bn}), dtype=tl.float32)",
         f"    for k0 in range(0, {k}, {bk}):",
-        "        kk = k0 + rk",
-        f"        x = tl.load(a + rm[:, None] * {k} + kk[None, :], mask=mask_m[:, None]{k_mask}, other=0.0)",
+        "        kk = k_first + k0 + rk",
+        f"        x = tl.load(a + rm[:, None] * {row} + kk[None, :], mask=mask_m[:, None]{k_mask}, other=0.0)",
         f"        y = tl.load({b_tile}, mask=mask_n[None, :]{k_mask_b}, other=0.0)",
         "        acc = tl.dot(x, y, acc)",
     ]
@@ -116,13 +122,13 @@ def kernel_source(plan, config: TileConfig, name: str) -> str:
             lines.append(f"    e{i} = tl.load(e{i}_ptr + rm[:, None] * {n} + rn[None, :], "
                          "mask=mask_m[:, None] & mask_n[None, :], other=0.0)")
     lines += [f"    {statement}" for statement in plan.epilogue]
-    lines.append(f"    tl.store(out + rm[:, None] * {n} + rn[None, :], ({plan.result}).to({_TRITON_DTYPE[plan.out_dtype]}), "
-                 "mask=mask_m[:, None] & mask_n[None, :])")
+    lines.append(f"    tl.store(out + split * {m * n} + rm[:, None] * {n} + rn[None, :], "
+                 f"({plan.result}).to({_TRITON_DTYPE[plan.out_dtype]}), mask=mask_m[:, None] & mask_n[None, :])")
     return "\n".join(lines) + "\n"
 
 
 def grid(plan, config: TileConfig) -> int:
-    return -(-plan.m // config.block_m) * -(-plan.n // config.block_n)
+    return -(-plan.m // config.block_m) * -(-plan.n // config.block_n) * plan.splits
 
 
 def jit_function(plan, config: TileConfig, *, cache_dir: str | None = None):
