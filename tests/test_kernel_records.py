@@ -43,3 +43,26 @@ def test_a_kernel_is_chosen_only_where_it_beats_the_best_record_and_the_untuned_
     kernel_records.append(db, _kernel(key, 10.0, checked=False))  # fastest, but wrong at the share
     assert kernels_worth_applying(db, records)[key].config == "m32n32k32w4s3g8"
     assert kernels_worth_applying(db, None)[key].config == "m32n32k32w4s3g8"  # no records at all: against the untuned kernel
+
+
+def test_kernels_measured_best_are_left_out_with_a_warning_where_tvm_has_no_cuda_runtime(example_model, caplog):
+    """A CPU machine's TVM cannot make the CUDA module a Triton kernel lives in: the model keeps MetaSchedule's kernels
+    for those tasks and the log says so (on a GPU machine test_triton_gemm's GPU test builds them in)."""
+    import pytest
+    import tvm_ffi
+    from tvm.target import Target
+
+    from tunekit.clients.compiler import with_kernels
+    from tunekit.frontend.tasks import extract_tasks, prepare_for_tuning
+    from tunekit.kernels.in_module import task_key
+    from tunekit.run.session import load_model
+
+    if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is not None:
+        pytest.skip("this machine's TVM has the CUDA runtime")
+    target = Target("nvidia/nvidia-h100")
+    prepared = prepare_for_tuning(load_model(example_model).mod, target)
+    key = task_key(extract_tasks(prepared, target)[0].dispatched[0]["main"])
+    with caplog.at_level("WARNING", logger="tunekit"):
+        assert with_kernels(prepared, {key: _kernel(key, 1.0)}, target=target).same_as(prepared)
+    assert "no CUDA runtime" in caplog.text
+    assert with_kernels(prepared, {}, target=target).same_as(prepared)
