@@ -5,7 +5,9 @@ tunekit's example transformer both have this shape once frontend.half has run):
 
     context = matmul(P, V)                  P: [B, H, S, SK], V: [B, H, SK, D]
     P       = [where(isnan(p), 0, p)] of p = astype(softmax(x, axis=-1), f16)
-    x       = [astype] [add(scores, mask)] of scores = scalar * ... * astype(matmul(Q, K^T))
+    x       = [astype] [add(scores, mask)] of scores = scalar * ... * astype(matmul(Q, K^T)), or that with
+              a constant added per window of each image through reshapes to [images, windows, H, S, S] and back
+              (Swin's shifted windows): the two masks become one constant
     Q, K^T, V: views (permute_dims, a reshape, expand_dims or squeeze that moves no element, a
             strided_slice of one axis, a take of one index, a scalar multiply) of a tensor; the kernel
             reads that tensor by strides, so the transposes, slices and splits of the combined QKV
@@ -188,6 +190,16 @@ class FuseAttention(PyExprMutator):
     def _scores(self, x) -> tuple | None:
         """(Q @ K^T call, scale, mask or None) behind the softmax input `x`."""
         x = self._through(x, "relax.astype")
+        per_window = self._split_batch_add(x)
+        if per_window is not None:
+            x = self._through(per_window[0], "relax.astype")
+        found = self._scores_and_mask(x)
+        if found is None or per_window is None:
+            return found
+        mask = _sum_of_constants(found[2], per_window[1])
+        return None if mask is None else (*found[:2], mask)
+
+    def _scores_and_mask(self, x) -> tuple | None:
         mask, call = None, self._made_by(x)
         if _op(call) == "relax.add":
             for scores, other in (call.args, reversed(call.args)):
@@ -197,6 +209,30 @@ class FuseAttention(PyExprMutator):
             return None
         found = self._scaled_matmul(x)
         return None if found is None else (*found, mask)
+
+    def _split_batch_add(self, x) -> tuple | None:
+        """(y, C over y's axes) where x = reshape(add(reshape(y, [A, B, ...]), C), y's shape) with a constant C and
+        the reshapes only splitting y's first axis in two: Swin's shifted windows add their mask so, one per window
+        of each image ([images, windows, heads, S, S])."""
+        outer = self._made_by(x)
+        added = self._made_by(outer.args[0]) if _op(outer) == "relax.reshape" else None
+        if _op(added) != "relax.add":
+            return None
+        for split, const in (added.args, reversed(added.args)):
+            inner = self._made_by(split)
+            if _op(inner) != "relax.reshape" or not isinstance(const, tvm.ir.expr.GenericConst):
+                continue
+            y = inner.args[0]
+            before, after, value = _shape(y), _shape(split), const.value.numpy()
+            if before is None or after is None or _shape(x) != before or len(after) != len(before) + 1 or \
+                    after[2:] != before[1:] or after[0] * after[1] != before[0] or value.ndim > len(after):
+                continue
+            value = value.reshape((1,) * (len(after) - value.ndim) + value.shape)
+            if any(c not in (1, a) for c, a in zip(value.shape, after)):
+                continue
+            per_row = np.broadcast_to(value, after[:2] + value.shape[2:]).reshape((before[0],) + value.shape[2:])
+            return y, relax.const(np.ascontiguousarray(per_row), str(_dtype(const)))
+        return None
 
     def _scaled_matmul(self, expr) -> tuple | None:
         scale = 1.0
@@ -289,6 +325,17 @@ class FuseAttention(PyExprMutator):
         self.fused += 1
         context_f16 = relax.op.permute_dims(out, [0, 2, 1, 3])
         return context_f16 if _dtype(context) == F16 else relax.op.astype(context_f16, _dtype(context))
+
+
+def _sum_of_constants(mask, extra):
+    """mask + extra as one constant (numpy broadcasting), in mask's dtype; None when mask is not a constant."""
+    if mask is None:
+        return extra
+    if not isinstance(mask, tvm.ir.expr.GenericConst):
+        return None
+    dtype = str(_dtype(mask))
+    total = mask.value.numpy().astype(np.float32) + extra.value.numpy().astype(np.float32)
+    return relax.const(total.astype(dtype), dtype)
 
 
 @mutator
