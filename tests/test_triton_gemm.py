@@ -17,8 +17,9 @@ from tunekit.kernels.gemm_plan import plan_of
 H100 = "nvidia/nvidia-h100"
 
 
-def _dense_onnx(path: str, *, m: int, k: int, n: int, residual: bool) -> str:
-    """y = gelu(x @ w + b) (erf form), or with `residual` y = tanh(x @ w + b + r): x [1, m, k] and r [1, m, n] inputs."""
+def _dense_onnx(path: str, *, m: int, k: int, n: int, residual: bool, rows: tuple[int, ...] | None = None) -> str:
+    """y = gelu(x @ w + b) (erf form), or with `residual` y = tanh(x @ w + b + r): x [1, m, k] and r [1, m, n] inputs
+    (`rows`: x [1, *rows, k] instead, as Swin's [1, H, W, C] activations)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -26,9 +27,10 @@ def _dense_onnx(path: str, *, m: int, k: int, n: int, residual: bool) -> str:
     consts = [numpy_helper.from_array((rng.standard_normal((k, n)) * 0.1).astype(np.float32), "w"),
               numpy_helper.from_array((rng.standard_normal((n,)) * 0.1).astype(np.float32), "b")]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"])]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, m, k])]
+    rows = list(rows or (m,))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *rows, k])]
     if residual:
-        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, n]))
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, *rows, n]))
         nodes += [helper.make_node("Add", ["h", "r"], ["hr"]), helper.make_node("Tanh", ["hr"], ["y"])]
     else:
         consts += [numpy_helper.from_array(np.array(v, np.float32), name)
@@ -36,8 +38,8 @@ def _dense_onnx(path: str, *, m: int, k: int, n: int, residual: bool) -> str:
         nodes += [helper.make_node("Div", ["h", "sq"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
                   helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["g"]),
                   helper.make_node("Mul", ["g", "half"], ["y"])]
-    graph = helper.make_graph(nodes, "dense", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, n])],
-                              consts)
+    graph = helper.make_graph(nodes, "dense", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, *rows, n])], consts)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
@@ -76,18 +78,22 @@ def test_a_dense_layer_with_its_epilogue_has_a_plan_and_nothing_else_does(tmp_pa
     assert (plan.splits, plan.k, plan.operands, plan.epilogue, plan.out_dtype) == (4, 256, (), (), "float32")
 
 
-@pytest.mark.parametrize("residual,k,tile", [(False, 64, (16, 32, 32, 4, 3)), (True, 72, (32, 64, 32, 4, 3)),
-                                             (True, 72, (16, 32, 64, 4, 4)), (False, 1024, (32, 32, 64, 4, 3))])
-def test_the_triton_kernel_computes_what_the_task_does(tmp_path, residual, k, tile):
+@pytest.mark.parametrize("residual,k,tile,rows", [
+    (False, 64, (16, 32, 32, 4, 3), (40,)), (True, 72, (32, 64, 32, 4, 3), (40,)), (True, 72, (16, 32, 64, 4, 4), (40,)),
+    (False, 1024, (32, 32, 64, 4, 3), (40,)), (True, 64, (32, 32, 32, 4, 3), (5, 8)), (False, 64, (16, 64, 64, 4, 4), (1,))])
+def test_the_triton_kernel_computes_what_the_task_does(tmp_path, residual, k, tile, rows):
     """The kernel in Triton's interpreter on the CPU against TVM's LLVM build of the task's PrimFunc: M = 40 leaves a
     partial row of tiles, K = 72 a partial K step, N = 48 a partial column of tiles at 32 and 64; K = 1024 is split
-    in 4 (frontend.split_k: the task writes 4 partial sums, which another task adds up)."""
+    in 4 (frontend.split_k: the task writes 4 partial sums, which another task adds up); [1, 5, 8, C] activations are
+    40 rows (Swin's [1, H, W, C]); one row (a classifier head)."""
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     from tunekit.kernels.triton_gemm import TileConfig
     from tunekit.testing.triton_interpret import interpret
 
-    func, plan, _ = _gemm(_dense_onnx(str(tmp_path / "d.onnx"), m=40, k=k, n=48, residual=residual))
+    m = int(np.prod(rows))
+    func, plan, _ = _gemm(_dense_onnx(str(tmp_path / "d.onnx"), m=m, k=k, n=48, residual=residual, rows=rows))
+    assert plan.m == m
     rng = np.random.default_rng(1)
     params = [(rng.standard_normal([int(s) for s in p.shape]) * 0.5).astype(str(p.dtype)) for p in func.params]
     params[-1][...] = 0

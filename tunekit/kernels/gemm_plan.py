@@ -1,12 +1,13 @@
 """Which tasks are a GEMM another kernel can compute, and what that kernel must do around it.
 
-A task's PrimFunc qualifies when its one reduction block is a matmul of two 2-D operands (a batch axis of 1
-allowed on A and the output) accumulated in fp32 from fp16 (or fp32) inputs, followed only by elementwise blocks
-over the same [M, N] domain: the casts, bias adds, activations and residual adds that fusion put after it. The
-plan says where A, B and the output are among the function's parameters, and states the elementwise blocks as
-one Triton expression of the fp32 accumulator `acc` and the tiles `e<i>` of the other parameters they read
-(`Epilogue`). Anything else (split-K, batched B, a reduction after the GEMM, an index that is not the plain row or
-column) has no plan, and the task keeps MetaSchedule's kernels alone.
+A task's PrimFunc qualifies when its one reduction block is a matmul of a row-major A (its rows may span several
+axes: [1, H, W, C] activations are H x W rows) and a 2-D B, accumulated in fp32 from fp16 (or fp32) inputs, followed
+only by elementwise blocks over the same output: the casts, bias adds, activations and residual adds that fusion put
+after it. frontend.split_k's partial sums qualify too (`splits`). The plan says where A, B and the output are among
+the function's parameters, and states the elementwise blocks as Triton statements over the fp32 accumulator `acc` and
+the tiles `e<i>` of the other parameters they read, each a matrix like the output, a row or a column vector. Anything
+else (a batched B, a reduction after the GEMM, an index that is not the element's own) has no plan, and the task
+keeps MetaSchedule's kernels alone.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def _plan(func) -> GemmPlan:
     gemm, rest = blocks[0], blocks[1:]
     m, n, k, splits, a, b, b_transposed, acc_buf, in_dtype = _matmul(gemm, param_of)
     _require(splits == 1 or not rest)  # split-K partial sums go out as they are
-    spatial = [iv for iv in gemm.iter_vars if iv.iter_type == 0]
+    extents = [int(iv.dom.extent) for iv in gemm.iter_vars if iv.iter_type == 0]
     values = {acc_buf.name: "acc"}  # an intermediate buffer (by name) -> the name of its value in Triton
     statements: list[str] = []
     operands: list[Operand] = []
@@ -98,22 +99,28 @@ def _plan(func) -> GemmPlan:
         store = block.body
         _require(isinstance(store, tvm.tirx.BufferStore) and block.init is None)
         ivs = list(block.iter_vars)
-        _require(len(ivs) == len(spatial) and all(iv.iter_type == 0 for iv in ivs)
-                 and [int(iv.dom.extent) for iv in ivs] == [int(iv.dom.extent) for iv in spatial])
-        axes = [(ivs[-2].var, "m"), (ivs[-1].var, "n")]
-        _require(all(int(iv.dom.extent) == 1 for iv in ivs[:-2]))
-        _require(_plain_index(store.indices, ivs))
+        _require(all(iv.iter_type == 0 for iv in ivs) and [int(iv.dom.extent) for iv in ivs] == extents)
+        _require(_output_index(store.indices, ivs))
         _require(param_of.index(store.buffer) in (None, len(buffers) - 1))
-        statements.append(f"t{len(statements)} = {_expr(store.value, values, axes, ivs, param_of, operands)}")
+        statements.append(f"t{len(statements)} = {_expr(store.value, values, ivs, param_of, operands)}")
         values[store.buffer.name] = f"t{len(statements) - 1}"
         last = store.buffer
     out = param_of.index(last)
     _require(out == len(buffers) - 1)
     out_buf = buffers[out]
-    _require(str(out_buf.dtype) in _TRITON_DTYPES and [int(x) for x in out_buf.shape][-2:] == [m, n])
+    # the indices follow the iteration (checked), so a shape of as many elements is that row-major layout
+    _require(str(out_buf.dtype) in _TRITON_DTYPES and _product(out_buf.shape) == splits * m * n
+             and int(out_buf.shape[-1]) == n)
     return GemmPlan(m=m, n=n, k=k, a=a, b=b, b_transposed=b_transposed, out=out, in_dtype=in_dtype,
                     out_dtype=str(out_buf.dtype), operands=tuple(operands), epilogue=tuple(statements),
                     result=values[last.name], splits=splits)
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
 
 
 class _ParamIndex:
@@ -128,40 +135,37 @@ class _ParamIndex:
 
 def _matmul(block, param_of):
     """(M, N, K, splits, A's parameter, B's parameter, B transposed, the accumulator's buffer, the inputs' dtype).
-    K is one split's when the block is split-K's (a leading spatial axis s whose K rows start at s K)."""
+    M is the output's rows, however many axes they span ([1, 56, 56, C] activations: 3136 rows); K is one split's when
+    the block is split-K's (a leading spatial axis s whose K rows start at s K)."""
     import tvm
     from tvm.ir.prim import expr as E
 
     ivs = list(block.iter_vars)
-    _require(len(ivs) in (3, 4) and [iv.iter_type for iv in ivs[:-1]] == [0] * (len(ivs) - 1)
-             and ivs[-1].iter_type == 2)
-    vm, vn, vk = (iv.var for iv in ivs[-3:])
-    m, n, k = (int(iv.dom.extent) for iv in ivs[-3:])
-    split = ivs[0] if len(ivs) == 4 and int(ivs[0].dom.extent) > 1 else None
-    splits = int(split.dom.extent) if split is not None else 1
-    batch = [] if split is not None else ivs[:-3]
-    _require(all(int(iv.dom.extent) == 1 for iv in batch))
+    _require(len(ivs) >= 3 and all(iv.iter_type == 0 for iv in ivs[:-1]) and ivs[-1].iter_type == 2)
+    vn, vk = ivs[-2].var, ivs[-1].var
+    n, k = int(ivs[-2].dom.extent), int(ivs[-1].dom.extent)
     store = block.body
     _require(isinstance(store, tvm.tirx.BufferStore) and str(store.buffer.dtype) == "float32")
     _require(block.init is not None and isinstance(block.init.value, E.FloatImm) and float(block.init.value.value) == 0)
     value = store.value
     _require(isinstance(value, E.Add) and _is_load(value.a) and value.a.source.same_as(store.buffer)
              and isinstance(value.b, E.Mul))
-    if split is None:
-        _require(_plain_index(store.indices, ivs[:-1]))
-    else:
-        _require(len(store.indices) == 3 and _same_vars(store.indices, [split.var, vm, vn]))
     loads = [_uncast(x) for x in (value.b.a, value.b.b)]
     _require(all(_is_load(x) for x in loads))
     a_load, b_load = loads
+    lead = ivs[:-2]
+    split = lead[0] if len(lead) >= 2 and int(lead[0].dom.extent) > 1 and \
+        _split_k_index(a_load.indices[-1], lead[0].var, vk, k) else None
+    rows = lead[1:] if split is not None else lead
+    splits = int(split.dom.extent) if split is not None else 1
 
     def k_index(index) -> bool:  # the K row: k itself, or split s's k-th (s * K + k)
         if split is None:
-            return isinstance(index, tvm.tirx.Var) and index.same_as(vk)
+            return _same_vars([index], [vk])
         return _split_k_index(index, split.var, vk, k)
 
-    _require(len(a_load.indices) >= 2 and k_index(a_load.indices[-1]) and _same_vars(a_load.indices[-2:-1], [vm])
-             and all(_zero_or(i, batch) for i in a_load.indices[:-2]))
+    _require(_rows_index(store.indices, ([split] if split is not None else []) + rows + [ivs[-2]]))
+    _require(k_index(a_load.indices[-1]) and _rows_index(a_load.indices[:-1], rows))
     _require(len(b_load.indices) == 2)
     if k_index(b_load.indices[0]) and _same_vars(b_load.indices[1:], [vn]):
         transposed = False
@@ -171,7 +175,8 @@ def _matmul(block, param_of):
     a, b = param_of.index(a_load.source), param_of.index(b_load.source)
     _require(a is not None and b is not None and str(a_load.source.dtype) == str(b_load.source.dtype)
              and str(a_load.source.dtype) in ("float16", "float32"))
-    _require([int(x) for x in a_load.source.shape][-2:] == [m, k * splits])
+    m = _product(iv.dom.extent for iv in rows)
+    _require(_product(a_load.source.shape) == m * k * splits and int(a_load.source.shape[-1]) == k * splits)
     return m, n, k, splits, a, b, transposed, store.buffer, str(a_load.source.dtype)
 
 
@@ -210,20 +215,28 @@ def _same_vars(indices, variables) -> bool:
                                                   for i, v in zip(indices, variables))
 
 
-def _zero_or(index, batch_ivs) -> bool:
-    """A batch index: the constant 0 or a batch iter var (of extent 1)."""
+def _is_zero(index) -> bool:
     from tvm.ir.prim import expr as E
 
-    if isinstance(index, E.IntImm):
-        return int(index.value) == 0
-    return any(index.same_as(iv.var) for iv in batch_ivs)
+    return isinstance(index, E.IntImm) and int(index.value) == 0
 
 
-def _plain_index(indices, ivs) -> bool:
-    return _same_vars(indices[-2:], [ivs[-2].var, ivs[-1].var]) and all(_zero_or(i, ivs[:-2]) for i in indices[:-2])
+def _rows_index(indices, ivs) -> bool:
+    """Whether `indices` address a buffer by `ivs` in order, row-major: each index its iter var (or 0 where that has
+    extent 1), after any leading zeros of axes the iteration does not have."""
+    indices = list(indices)
+    while len(indices) > len(ivs) and _is_zero(indices[0]):
+        indices.pop(0)
+    return len(indices) == len(ivs) and all(
+        _same_vars([i], [iv.var]) or (_is_zero(i) and int(iv.dom.extent) == 1) for i, iv in zip(indices, ivs))
 
 
-def _expr(node, values: dict, axes: list, ivs, param_of, operands: list) -> str:
+def _output_index(indices, ivs) -> bool:
+    """An elementwise block's own element: the output's rows, then its column."""
+    return _rows_index(indices, ivs)
+
+
+def _expr(node, values: dict, ivs, param_of, operands: list) -> str:
     """`node` (an elementwise block's value) as Triton source over the tile."""
     import tvm
     from tvm.ir.prim import expr as E
@@ -254,14 +267,21 @@ def _expr(node, values: dict, axes: list, ivs, param_of, operands: list) -> str:
     def _load(x) -> str:
         source = x.source
         if param_of.index(source) is None:  # an intermediate: only what an earlier block wrote
-            _require(source.name in values and _plain_index(x.indices, ivs))
+            _require(source.name in values and _output_index(x.indices, ivs))
             return values[source.name]
         param = param_of.index(source)
         _require(str(source.dtype) in _TRITON_DTYPES)
-        by = "".join(axis for i in x.indices for var, axis in axes if isinstance(i, tvm.tirx.Var) and i.same_as(var))
-        _require(by in ("mn", "m", "n") and len([i for i in x.indices if not _zero_or(i, ivs[:-2])]) == len(by)
-                 and [int(s) for s, i in zip(source.shape, x.indices) if not _zero_or(i, ivs[:-2])]
-                 == [{"m": int(ivs[-2].dom.extent), "n": int(ivs[-1].dom.extent)}[c] for c in by])
+        rows, n = ivs[:-1], int(ivs[-1].dom.extent)
+        m, dims = _product(iv.dom.extent for iv in rows), [int(d) for d in source.shape]
+        # the indices follow the iteration (checked first), so a shape of as many elements is that row-major layout
+        if _rows_index(x.indices, ivs) and _product(dims) == m * n and dims[-1] == n:
+            by = "mn"
+        elif _rows_index(x.indices, ivs[-1:]) and _product(dims) == n:
+            by = "n"
+        elif _rows_index(x.indices, rows) and _product(dims) == m:
+            by = "m"
+        else:
+            raise _NotGemm()
         found = next((i for i, o in enumerate(operands) if o.param == param and o.indexed_by == by), None)
         if found is None:
             operands.append(Operand(param, by, str(source.dtype)))
