@@ -349,6 +349,34 @@ def test_a_shifted_window_attention_becomes_one_kernel_and_computes_the_same(tmp
         check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
 
 
+@pytest.mark.gpu
+def test_gpu_a_shifted_window_attention_computes_the_same(tmp_path):
+    """The shifted-window attention (one mask constant over [images * windows, H, S, S]) built for the GPU, untuned,
+    against onnxruntime fp32 within the fp16 bound."""
+    import os
+
+    from tvm import relax
+
+    from tunekit.clients.compiler import compile_and_export
+    from tunekit.frontend.precision import prepare
+    from tunekit.numerics import check, compare_outputs
+    from tunekit.run.session import load_model
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+
+    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
+    model = load_model(_shifted_window_attention_onnx(str(tmp_path / "swin.onnx"), seq=49, dim=32))
+    target = target_for(Share("gpu", 100))
+    prepared, _ = prepare(model.mod, target, precision="fp16")
+    assert [n for n in _launches(prepared) if n.startswith("fused_attention")]
+    path = compile_and_export(prepared_mod=prepared, target=target, database=None, path=str(tmp_path / "s.so"))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cuda(0))
+    for seed in (6, 7):
+        sample = model.inputs.random(seed=seed)
+        out = vm["main"](*[tvm.runtime.tensor(sample[n], device=tvm.cuda(0)) for n in "qkv"]).numpy()
+        check(compare_outputs(model.output_names, [out], model.reference(sample)), precision="fp16")
+
+
 def test_a_long_attention_becomes_one_key_tiled_kernel_and_computes_the_same(tmp_path):
     """Sequence 1024 (K and V do not fit a block) with key_tiles: one kernel that passes over the keys in tiles,
     which compiled for the CPU computes what onnxruntime does in fp32, the padding mask included."""
