@@ -12,7 +12,6 @@ median of `--repeat`). Needs a GPU.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -81,21 +80,15 @@ def reference(spec, qkv):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu-pct", default="40,100")
+    from pinned_worker import rows_at_shares, share_parser
+
+    parser = share_parser(__doc__, number=200)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--number", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
-
-    from pinned_worker import rows_at_shares
-
     rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
         "heads": args.heads, "seq": args.seq, "dim": args.dim, "number": args.number, "repeat": args.repeat},
         timeout_s=600)

@@ -12,7 +12,6 @@ daemon), with TVM's time_evaluator. Needs a GPU and Triton.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -134,22 +133,16 @@ def _cpu_reference(func, host):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu-pct", default="40,100")
+    from pinned_worker import rows_at_shares, share_parser
+
+    parser = share_parser(__doc__, number=100)
     parser.add_argument("--seq", type=int, default=197)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--mlp", type=int, default=3072)
     parser.add_argument("--configs", type=int, default=0, help="only the first N tile configurations (0: all)")
-    parser.add_argument("--number", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
-
-    from pinned_worker import rows_at_shares
-
     rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
         "seq": args.seq, "hidden": args.hidden, "mlp": args.mlp, "configs": args.configs, "number": args.number,
         "repeat": args.repeat}, timeout_s=1800)

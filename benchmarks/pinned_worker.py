@@ -2,9 +2,21 @@
 daemon), its JSON lines gathered (attention_kernel.py, gemm_kernels.py)."""
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+
+
+def share_parser(doc: str, *, number: int) -> argparse.ArgumentParser:
+    """The options every such benchmark has: the shares, timing (`number` calls a repeat), --json, the worker flag."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu-pct", default="40,100")
+    parser.add_argument("--number", type=int, default=number)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
 
 
 def rows_at_shares(script: str, pcts: str, options: dict, *, timeout_s: int) -> list[dict]:

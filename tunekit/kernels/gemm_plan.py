@@ -100,7 +100,7 @@ def _plan(func) -> GemmPlan:
         _require(isinstance(store, tvm.tirx.BufferStore) and block.init is None)
         ivs = list(block.iter_vars)
         _require(all(iv.iter_type == 0 for iv in ivs) and [int(iv.dom.extent) for iv in ivs] == extents)
-        _require(_output_index(store.indices, ivs))
+        _require(_rows_index(store.indices, ivs))
         _require(param_of.index(store.buffer) in (None, len(buffers) - 1))
         statements.append(f"t{len(statements)} = {_expr(store.value, values, ivs, param_of, operands)}")
         values[store.buffer.name] = f"t{len(statements) - 1}"
@@ -231,11 +231,6 @@ def _rows_index(indices, ivs) -> bool:
         _same_vars([i], [iv.var]) or (_is_zero(i) and int(iv.dom.extent) == 1) for i, iv in zip(indices, ivs))
 
 
-def _output_index(indices, ivs) -> bool:
-    """An elementwise block's own element: the output's rows, then its column."""
-    return _rows_index(indices, ivs)
-
-
 def _expr(node, values: dict, ivs, param_of, operands: list) -> str:
     """`node` (an elementwise block's value) as Triton source over the tile."""
     import tvm
@@ -267,7 +262,7 @@ def _expr(node, values: dict, ivs, param_of, operands: list) -> str:
     def _load(x) -> str:
         source = x.source
         if param_of.index(source) is None:  # an intermediate: only what an earlier block wrote
-            _require(source.name in values and _output_index(x.indices, ivs))
+            _require(source.name in values and _rows_index(x.indices, ivs))
             return values[source.name]
         param = param_of.index(source)
         _require(str(source.dtype) in _TRITON_DTYPES)

@@ -13,9 +13,9 @@ def task_key(func) -> str:
     return workload_key(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
 
 
-def replace_tasks(mod, replacements: dict):
-    """`mod` with each PrimFunc whose task_key is in `replacements` ({key: (launching PrimFunc, device module)})
-    replaced. Returns (module, the keys replaced)."""
+def replace_tasks(mod, replacement):
+    """`mod` with the PrimFuncs for which `replacement(task_key, func)` gives (launching PrimFunc, device module)
+    replaced (None: kept). Returns (module, the keys replaced)."""
     import tvm
 
     replaced, external = set(), list(mod.attrs["external_mods"]) if mod.attrs and "external_mods" in mod.attrs else []
@@ -24,8 +24,9 @@ def replace_tasks(mod, replacements: dict):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         key = task_key(func)
-        if key in replacements:
-            launching, device_module = replacements[key]
+        made = replacement(key, func)
+        if made is not None:
+            launching, device_module = made
             updates[gv] = launching.with_attr("global_symbol", gv.name_hint)
             external.append(device_module)
             replaced.add(key)

@@ -233,19 +233,15 @@ def with_triton_kernels(mod, choices: dict, *, target):
     """`mod` (a prepared module) with the GEMM tasks of `choices` ({workload key: TileConfig}) computed by their
     Triton kernels, compiled for `target`. Returns (module, the keys replaced)."""
     from .gemm_plan import plan_of
-    from .in_module import replace_tasks, task_key
+    from .in_module import replace_tasks
 
-    import tvm
+    def replacement(key: str, func):
+        if key not in choices:
+            return None
+        plan = plan_of(func)
+        if not supports(plan):
+            raise ValueError(f"task {key} has no Triton GEMM plan")
+        kernel = compile_gemm(plan, choices[key], arch=arch_of(target))
+        return launching_func(func, plan, kernel), device_module(kernel)
 
-    replacements = {}
-    for _, func in mod.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        key = task_key(func)
-        if key in choices and key not in replacements:
-            plan = plan_of(func)
-            if not supports(plan):
-                raise ValueError(f"task {key} has no Triton GEMM plan")
-            kernel = compile_gemm(plan, choices[key], arch=arch_of(target))
-            replacements[key] = (launching_func(func, plan, kernel), device_module(kernel))
-    return replace_tasks(mod, replacements)
+    return replace_tasks(mod, replacement)
