@@ -159,6 +159,11 @@ class BuildPool(PyBuilder):
         loop hands each to a runner at once instead of waiting for the batch's slowest)."""
         return [self._pool.submit(_build_one, inp.mod, inp.target, self.artifact_dir) for inp in build_inputs]
 
+    def submit_call(self, fn, *args):
+        """`fn(*args, artifact_dir)` in a build worker (a module-level function): a future of what it returns, an
+        artifact's path (kernels of other kinds than MetaSchedule's: clients.kernel_trials)."""
+        return self._pool.submit(fn, *args, self.artifact_dir)
+
     def collect(self, future) -> tuple[BuilderResult, BuildTiming]:
         """The BuilderResult of a finished `submit` future (a timeout or a failure is a result too)."""
         try:

@@ -79,6 +79,8 @@ class TaskState:
     first_errors: dict = field(default_factory=dict)  # "build" / "run" -> the first such error, one line
     # Why the task stopped being tuned and keeps its untuned kernel (its stage and first error line), if it did
     fallback: str | None = None
+    kernel_us: float | None = None  # its fastest kernel of another kind, right at the share (clients.kernel_trials)
+    kernel: str | None = None       # ... as "<kind>:<configuration>"
 
     @property
     def best_tensorized(self) -> bool | None:
@@ -86,9 +88,9 @@ class TaskState:
 
     @property
     def effective_us(self) -> float | None:
-        """What this task costs in the compiled model: its best record, unless the untuned kernel is
-        faster (then the record is not applied; see clients.compiler)."""
-        known = [us for us in (self.best_us, self.untuned_us) if us is not None]
+        """What this task costs in the compiled model: the fastest of its best record, its untuned kernel and its best
+        kernel of another kind (clients.compiler applies the fastest)."""
+        known = [us for us in (self.best_us, self.untuned_us, self.kernel_us) if us is not None]
         return min(known) if known else None
 
     def cost_in_model(self) -> float:

@@ -59,6 +59,7 @@ class PhaseTimes:
     update_s: float = 0.0  # database commits and search-state updates
     model_s: float = 0.0   # cost-model training on its own thread (overlaps search, build and measurement)
     lock_wait_s: float = 0.0  # summed over candidates: waiting for the device's measurement lock
+    kernels_s: float = 0.0  # building, checking and timing kernels of another kind (clients.kernel_trials)
 
     def as_dict(self, wall_s: float, trials: int) -> dict:
         phases = {k: round(v, 3) for k, v in self.__dict__.items()}
@@ -126,6 +127,9 @@ class SearchRequest:
     # {task name: the share labels that want it}: a fleet's task is searched and measured only at the shares of
     # the models that have its workload. None, or a task not named: every share.
     task_shares: dict | None = None
+    # {share label: its database dir} of every share: GEMM tasks also try Triton kernels, kept in each share's kernel
+    # records (clients.kernel_trials). Empty: MetaSchedule's kernels only.
+    records_dirs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -558,6 +562,8 @@ class SearchLoop:
             self._measure_untuned(started)
             if self.scheduler.min_task_share is not None:
                 mark_negligible(self.tasks, self.scheduler.min_task_share)
+        if self.req.records_dirs and set(self.req.records_dirs) == {lane.label for lane in self.lanes}:
+            self._try_kernels(started)
         for task in self.tasks:
             if task.negligible or task.fallback:
                 self.scheduler.release_unused(task)  # per-task budgets: its trials go to the pool
@@ -682,6 +688,7 @@ class SearchLoop:
                  "tuned_us": round(t.best_us, 3) if t.best_us else None, "fell_at": t.fell_at,
                  "flops": t.flops, "bytes": task_bytes(t.ctx.mod),
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
+                 **({"kernel_us": round(t.kernel_us, 3), "kernel_config": t.kernel} if t.kernel_us else {}),
                  **({"untuned_error": t.untuned_error} if t.untuned_error else {}),
                  "negligible": t.negligible, **({"fallback": t.fallback} if t.fallback else {}),
                  "tensorized_trials": t.tensorized_trials,
@@ -753,6 +760,25 @@ class SearchLoop:
         if failed:
             log.warning("%d task(s) have no untuned baseline (report tasks[].untuned_error); %s: %s", len(failed),
                         failed[0].name, failed[0].untuned_error)
+
+    def _try_kernels(self, started: float) -> None:
+        """Kernels of another kind for the GEMM tasks (clients.kernel_trials), before the search: a task whose kernel
+        is already fast gets fewer of the search's trials (the scheduler follows effective_us)."""
+        from .kernel_trials import try_kernels
+
+        t = time.perf_counter()
+        try:
+            best = try_kernels(self.tasks, target=self.req.target, builder=self.builder, run=self._run,
+                               results_by_share=self._results_by_share, records_dirs=self.req.records_dirs,
+                               reference_of=lambda task: untuned_module(task.ctx, self.req.target)["main"],
+                               out_of_time=lambda: self._out_of_time(started))
+        except Exception as exc:  # no kernel of another kind kills a run: the tasks keep MetaSchedule's
+            log.warning("kernels of another kind were not tried: %s", error_line(str(exc)))
+            best = {}
+        for lane in self.lanes:
+            for index, record in best.get(lane.label, {}).items():
+                lane.tasks[index].kernel_us, lane.tasks[index].kernel = record.mean_us, f"{record.kind}:{record.config}"
+        self.phases.kernels_s += time.perf_counter() - t
 
     def _lane(self, label: str) -> ShareLane:
         return next(lane for lane in self.lanes if lane.label == label)

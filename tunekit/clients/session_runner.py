@@ -55,6 +55,10 @@ from ..errors import RunFailed
 log = logging.getLogger("tunekit.runner")
 
 NOT_MEASURED = "tunekit SessionRunner: not measured"
+WRONG_OUTPUT = "tunekit SessionRunner: wrong output at the share"
+# A candidate artifact that also holds a function of this name is checked before it is timed: both run on the same
+# random inputs, and every argument must match within numerics.KERNEL_BOUND (kernels of another kind: issue 53)
+REFERENCE = "tunekit_reference"
 
 
 MEASURE_LOCKS = (True, False, "auto")
@@ -71,6 +75,11 @@ def lock_name(setting, *, on_gpu: bool, device: str) -> str | None:
 
 class ServersGone(RunFailed):
     """No runner server of the share could be reached for longer than servers_gone_timeout_s."""
+
+
+def is_wrong_output(result) -> bool:
+    """A candidate whose output differed from its reference's on the share's device: measured, never to be chosen."""
+    return bool(result.error_msg) and WRONG_OUTPUT in str(result.error_msg)
 
 
 def is_not_measured(result) -> bool:
@@ -513,6 +522,8 @@ class SessionRunner(PyRunner):
             else:
                 random_fill(tensor)
             args.append(tensor)
+        if rt_mod.implements_function(REFERENCE):
+            _check_against_reference(rt_mod, args, device)
         evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=self.config.number,
                                           repeat=self.config.repeat, min_repeat_ms=self.config.min_repeat_ms,
                                           f_preproc="cache_flush_cpu_non_first_arg"
@@ -524,6 +535,34 @@ class SessionRunner(PyRunner):
         done = time.perf_counter()
         job.timing.load_s, job.timing.run_s = loaded - started, done - loaded
         return costs
+
+
+class WrongOutput(Exception):
+    """The candidate ran but its output differs from its reference's (a healthy server: the candidate's fault)."""
+
+
+def _check_against_reference(rt_mod, args: list, device) -> None:
+    """Run the reference on `args` and the candidate on copies of them (outputs still holding the random fill, so a
+    candidate that writes nothing differs too); every argument must then match within numerics.KERNEL_BOUND."""
+    import tvm
+
+    from ..numerics import KERNEL_BOUND, compare, within
+
+    copies = []
+    for arg in args:
+        copy = tvm.runtime.empty(shape=arg.shape, dtype=arg.dtype, device=device)
+        copy.copyfrom(arg)
+        copies.append(copy)
+    rt_mod[REFERENCE](*args)
+    rt_mod[rt_mod.entry_name](*copies)
+    device.sync()
+    for i, (mine, theirs) in enumerate(zip(copies, args)):
+        if not str(mine.dtype).startswith(("float", "bfloat")):
+            continue
+        row = compare(mine.numpy(), theirs.numpy())
+        if not within([row], KERNEL_BOUND):
+            raise WrongOutput(f"{WRONG_OUTPUT}: argument {i} differs from the reference's by {row['max_rel_err']:.3g} "
+                              f"(max rel error) with cosine {row['cosine']:.6f}")
 
 
 def _session_broken(exc: Exception) -> bool:

@@ -168,7 +168,9 @@ class TunekitEngine:
                 loops = engine.search_shares(SearchRequest(
                     extracted_tasks=tasks, target=target, database=first.database, config=config, work_dir=work_dir,
                     progress=progress, warm_start=sources,
-                    label=first.label, other_shares={s.label: s.database for s in others}, task_shares=task_shares))
+                    label=first.label, other_shares={s.label: s.database for s in others}, task_shares=task_shares,
+                    records_dirs={s.label: s.records_dir for s in shares} if all(s.records_dir for s in shares)
+                    else {}))
             for s in shares:
                 loaded[s.label]["saved_to"] = cost_model_store.save(models[s.label], s.records_dir)
         finally:

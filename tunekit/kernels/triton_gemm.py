@@ -220,6 +220,32 @@ def launching_func(func, plan, kernel: CompiledGemm):
     return func.with_body(tirx.Evaluate(call)).with_attrs({"tirx.is_scheduled": True, "tunekit.kernel": KIND})
 
 
+def build_candidate(func, reference, config_name: str, target, artifact_dir: str) -> str:
+    """In a build worker: the task `func` as the Triton kernel of `config_name`, exported to a shared library in
+    `artifact_dir` whose `main` launches it, beside `reference` (the task's own kernel, scheduled) under the name the
+    runner checks a candidate against (clients.session_runner.REFERENCE). Returns the library's path."""
+    import tempfile
+
+    import tvm
+    from tvm.driver import build as tvm_build
+
+    from ..clients.session_runner import REFERENCE
+    from .gemm_plan import plan_of
+
+    plan = plan_of(func)
+    if not supports(plan):
+        raise ValueError("the task has no Triton GEMM plan")
+    kernel = compile_gemm(plan, TileConfig.from_name(config_name), arch=arch_of(target))
+    mod = tvm.IRModule({"main": launching_func(func, plan, kernel).with_attr("global_symbol", "main"),
+                        REFERENCE: reference.with_attr("global_symbol", REFERENCE)})
+    lib = tvm_build(mod, target=target)
+    lib.import_module(device_module(kernel))
+    fd, path = tempfile.mkstemp(prefix=f"{KIND}-", suffix=".so", dir=artifact_dir)
+    os.close(fd)
+    lib.export_library(path)
+    return path
+
+
 def arch_of(target) -> int:
     """The compute capability of a CUDA target as Triton takes it (sm_90 -> 90)."""
     arch = str(target.attrs.get("arch", ""))

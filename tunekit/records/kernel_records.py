@@ -22,6 +22,7 @@ class KernelRecord:
     run_secs: tuple[float, ...]
     checked: bool          # its output matched the task's at the share
     target: str = ""       # the target it was built for
+    error: str = ""        # why it has no time (its build or run failed, or its output was wrong), one line
 
     @property
     def mean_us(self) -> float | None:
@@ -50,7 +51,8 @@ def read(db_dir: str) -> list[KernelRecord]:
                 out.append(KernelRecord(workload=str(data["workload"]), kind=str(data["kind"]),
                                         config=str(data["config"]),
                                         run_secs=tuple(float(x) for x in data["run_secs"]),
-                                        checked=bool(data["checked"]), target=str(data.get("target", ""))))
+                                        checked=bool(data["checked"]), target=str(data.get("target", "")),
+                                        error=str(data.get("error", ""))))
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut off by a crash
     return out

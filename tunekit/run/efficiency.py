@@ -38,17 +38,19 @@ def annotate_efficiency(tasks: list[dict], *, gpu_name: str | None, sm_count: in
     part = min(1.0, sm_count / peak.sms)
     bandwidth = peak.bandwidth_gbps * part
     for row in tasks:
-        tuned = bool(row.get("tuned_us")) and row.get("record_applied", True) and not row.get("fallback")
-        us = row.get("tuned_us") if tuned else row.get("untuned_us")
+        other = row.get("kernel") not in (None, "metaschedule", "default")  # e.g. a Triton kernel
+        tuned = other or bool(row.get("tuned_us")) and row.get("record_applied", True) and not row.get("fallback")
+        us = row.get("kernel_us") if other else row.get("tuned_us") if tuned else row.get("untuned_us")
         if not us or (row.get("flops") or 0) <= 1.0 or not row.get("bytes"):  # 1.0: TVM could not count them
             continue
-        tensor_cores = tuned and bool(row.get("best_tensorized"))
+        tensor_cores = other or tuned and bool(row.get("best_tensorized"))
         compute = part * (peak.tensor_fp16_tflops if tensor_cores else
                           peak.fp16_tflops if precision == "fp16" else peak.fp32_tflops)
         memory = row["flops"] / row["bytes"] * bandwidth / 1e3  # TFLOP/s the bandwidth allows at its intensity
         achieved = row["flops"] / us / 1e6
         row["efficiency"] = {
-            "kernel": ("tuned, tensor cores" if tensor_cores else "tuned") if tuned else "untuned",
+            "kernel": row["kernel"] if other else ("tuned, tensor cores" if tensor_cores else "tuned") if tuned
+            else "untuned",
             "achieved_tflops": _digits(achieved, 6), "achieved_gbps": _digits(row["bytes"] / us / 1e3, 5),
             "bound": "compute" if compute <= memory else "memory",
             "roofline_fraction": _digits(achieved / min(compute, memory), 4)}

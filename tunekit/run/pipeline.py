@@ -393,7 +393,7 @@ class Pipeline:
         return os.path.join(self.out, untuned_artifact_name(None if len(self.shares) == 1 else job.label))
 
     def _records_to_apply(self, job: ShareJob, outcome):
-        from ..clients.compiler import records_worth_applying
+        from ..clients.compiler import kernels_worth_applying, records_worth_applying
         from ..records.baselines import write_baselines
 
         from ..clients.task_faults import applied_fault
@@ -402,9 +402,12 @@ class Pipeline:
         write_baselines(job.db_dir, {t["workload_hash"]: None if applied_fault(t["name"]) else
                                      t.get("untuned_us") for t in outcome.tasks if t.get("workload_hash")})
         records, applied = records_worth_applying(job.db_dir)
+        kernels = kernels_worth_applying(job.db_dir, records)
         for row in outcome.tasks:
             if row.get("workload_hash") in applied:
                 row["record_applied"] = applied[row["workload_hash"]]
+            kernel = kernels.get(row.get("workload_hash"))
+            row["kernel"] = kernel.kind if kernel else "metaschedule" if row.get("record_applied") else "default"
         return records
 
     def _without_broken_records(self, job: ShareJob, session: ShareSession, outcome, records, refused):

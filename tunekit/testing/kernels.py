@@ -62,6 +62,31 @@ def slow_module():
     return tvm.IRModule({"main": slow})
 
 
+def checked_library(main_adds: float, reference_adds: float, artifact_dir: str) -> str:
+    """A CPU candidate with its reference (clients.session_runner.REFERENCE): `main` computes B = A + main_adds and
+    the reference B = A + reference_adds, exported to a library in `artifact_dir` (a build pool's submit_call)."""
+    import os
+    import tempfile
+
+    import tvm
+    from tvm import te
+    from tvm.driver import build
+
+    from ..clients.session_runner import REFERENCE
+
+    def adds(value: float, name: str):
+        a = te.placeholder((256,), name="A")
+        b = te.compute((256,), lambda i: a[i] + value, name="B")
+        return te.create_prim_func([a, b]).with_attr("global_symbol", name)
+
+    lib = build(tvm.IRModule({"main": adds(main_adds, "main"), REFERENCE: adds(reference_adds, REFERENCE)}),
+                target="llvm")
+    fd, path = tempfile.mkstemp(suffix=".so", dir=artifact_dir)
+    os.close(fd)
+    lib.export_library(path)
+    return path
+
+
 def pass_failure_module():
     """Fails inside a lowering pass (an fp32 pointer into an fp16 buffer: the check TVM 0.27 raised
     for a third of BERT-base's tensor-core candidates before storage-rewrite was turned off)."""

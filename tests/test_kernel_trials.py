@@ -1,0 +1,99 @@
+"""Kernels of another kind tried for a tuning loop's GEMM tasks (clients.kernel_trials; issue 53): one Triton candidate
+per tile configuration, built by the build pool, checked against the task's own kernel on the share's runner server,
+then timed, and kept in every share's kernel records.
+
+Without a GPU: the runner's check (a real RPC server on 127.0.0.1, CPU libraries built by the build pool), and which
+candidates a model's tasks get. On the device (-m gpu): a tune that tries them and a report that says which kind won."""
+from __future__ import annotations
+
+import pytest
+from test_triton_gemm import H100, _dense_onnx, _tasks
+from tvm.target import Target
+
+from tunekit.clients.build_pool import BuildPool
+from tunekit.clients.session_runner import is_wrong_output
+from tunekit.records import kernel_records
+from tunekit.records.kernel_records import KernelRecord
+from tunekit.testing import checked_library, local_fleet, session_runner
+
+
+def test_a_candidate_with_a_reference_is_timed_only_when_its_output_matches(tmp_path):
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path), cuda_aot=False)
+    try:
+        right, wrong, close = [pool.submit_call(checked_library, main, ref).result()
+                               for main, ref in ((1.0, 1.0), (1.0, 2.0), (1.0, 1.001))]
+    finally:
+        pool.shutdown()
+    args = [TensorInfo("float32", [256]), TensorInfo("float32", [256])]
+    with local_fleet("t-check") as fleet:
+        runner = session_runner(fleet)
+        try:
+            results = [f.result() for f in runner.run([RunnerInput(p, "cpu", args) for p in (right, wrong, close)])]
+        finally:
+            runner.shutdown()
+    assert results[0].error_msg is None and min(results[0].run_secs) > 0
+    assert results[1].run_secs is None and is_wrong_output(results[1]), results[1].error_msg
+    assert "argument 1" in results[1].error_msg  # B, the output; A is the same in both
+    assert results[2].error_msg is None  # rounding-sized differences pass (numerics.KERNEL_BOUND)
+
+
+def _contexts(path: str, tmp_path):
+    from tunekit.clients.scheduler import TaskState
+    from tunekit.clients.search_loop import search_contexts
+    from tunekit.config import TuneConfig
+
+    target = Target(H100)
+    _, tasks = _tasks(path, target)
+    contexts, _ = search_contexts(tasks, target, str(tmp_path / "work"), config=TuneConfig(), threads=1)
+    return target, [TaskState(i, t.task_name, 1.0, ctx) for i, (t, ctx) in enumerate(zip(tasks, contexts))]
+
+
+def test_each_gemm_task_gets_a_triton_trial_per_tile_config_until_every_share_has_recorded_it(tmp_path):
+    pytest.importorskip("triton")
+    from tunekit.clients.kernel_trials import plan_trials
+    from tunekit.kernels.gemm_plan import plan_of
+    from tunekit.kernels.triton_gemm import tile_configs
+
+    target, tasks = _contexts(_dense_onnx(str(tmp_path / "d.onnx"), m=40, k=72, n=48, residual=True), tmp_path)
+    gemm = [t for t in tasks if plan_of(t.ctx.mod["main"])]
+    assert len(gemm) == 1 and len(tasks) > 1
+    dirs = {"gpu40": str(tmp_path / "a"), "gpu100": str(tmp_path / "b")}
+    trials = plan_trials(tasks, target=target, records_dirs=dirs)
+    configs = [c.name for c in tile_configs(plan_of(gemm[0].ctx.mod["main"]))]
+    assert [t.config for t in trials] == configs and {t.task.index for t in trials} == {gemm[0].index}
+    assert plan_trials(tasks, target=Target("llvm"), records_dirs=dirs) == []  # no CUDA target: MetaSchedule only
+    for config in configs[1:]:
+        for directory in dirs.values():
+            kernel_records.append(directory, KernelRecord(trials[0].workload, "triton", config, (1e-5,), True))
+    kernel_records.append(dirs["gpu40"], KernelRecord(trials[0].workload, "triton", configs[0], (), False, error="x"))
+    left = plan_trials(tasks, target=target, records_dirs=dirs)
+    assert [t.config for t in left] == configs[:1]  # measured at gpu40 only: still a trial for gpu100
+    gemm[0].negligible = True
+    assert plan_trials(tasks, target=target, records_dirs=dirs) == []
+
+
+@pytest.mark.gpu
+def test_gpu_tuning_tries_triton_kernels_checks_them_at_the_share_and_reports_the_kind_that_won(tmp_path):
+    """A dense layer (M = 256, K = 512, N = 1024) tuned at 40% with few MetaSchedule trials: every Triton
+    configuration is measured and checked there, kept in the share's kernel records, the report names each task's
+    kernel kind, and the artifact (with the Triton kernel where it won) passes the numerics gate."""
+    import json
+    import os
+
+    from tunekit.testing import run_cli
+
+    path = _dense_onnx(str(tmp_path / "d.onnx"), m=256, k=512, n=1024, residual=False)
+    proc = run_cli("tune", path, "--gpu-pct", "40", "--trials", "8", "--out", tmp_path / "t", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["report"]
+    records = kernel_records.read(os.path.join(tmp_path / "t", "records-gpu40"))
+    assert len(records) >= 6 and all(r.kind == "triton" for r in records)
+    assert any(r.checked and r.run_secs for r in records), records
+    (gemm,) = [t for t in report["tasks"] if t.get("kernel_config")]
+    assert gemm["kernel"] in ("triton", "metaschedule", "default") and gemm["kernel_us"] > 0
+    if gemm["kernel"] == "triton":
+        assert gemm["efficiency"]["kernel"] == "triton"
+    assert min(o["cosine"] for o in report["numerics"]["tuned"]) > 0.999

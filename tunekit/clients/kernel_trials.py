@@ -1,0 +1,127 @@
+"""Kernels of another kind than MetaSchedule's, tried for a tuning loop's tasks (issue 53).
+
+Each GEMM task (kernels.gemm_plan) gets one candidate per Triton tile configuration that fits it
+(kernels.triton_gemm.tile_configs). A candidate is built by the build pool, beside the task's own kernel, then run on
+the share's runner servers like any trial: checked there against the task's kernel on the same inputs
+(clients.session_runner.REFERENCE), then timed. Every outcome goes into the share's kernel records
+(records.kernel_records), so a resumed run measures nothing twice. The final compile picks each task's kernel by
+measured time at that share (clients.compiler.kernels_worth_applying).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+from ..records import kernel_records
+from ..records.kernel_records import KernelRecord
+
+log = logging.getLogger("tunekit.kernels")
+
+
+@dataclass
+class _Trial:
+    task: object      # the search loop's TaskState
+    workload: str
+    config: str
+    func: object      # the task's PrimFunc
+    path: str | None = None
+    error: str | None = None
+
+
+def available(target) -> bool:
+    """Triton candidates can be built here for `target`: a CUDA target and Triton installed."""
+    return target.kind.name == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_Trial]:
+    """The Triton candidates of `tasks` (TaskStates) not yet in every share's kernel records."""
+    from ..kernels.gemm_plan import plan_of
+    from ..kernels.triton_gemm import KIND, supports, tile_configs
+    from ..records.baselines import workload_key
+
+    if not available(target):
+        return []
+    done = [{(r.workload, r.kind, r.config) for r in kernel_records.read(d)} for d in records_dirs.values()]
+    trials = []
+    for task in tasks:
+        if task.negligible:
+            continue
+        func = task.ctx.mod["main"]
+        try:
+            plan = plan_of(func)
+        except Exception as exc:  # a task the planner cannot read is no GEMM to it
+            log.info("no GEMM plan for %s: %s", task.name, exc)
+            continue
+        if not supports(plan):
+            continue
+        key = workload_key(task.ctx.mod)
+        trials += [_Trial(task, key, config.name, func) for config in tile_configs(plan)
+                   if not all((key, KIND, config.name) in d for d in done)]
+    return trials
+
+
+def try_kernels(tasks: list, *, target, builder, run, results_by_share, reference_of, records_dirs: dict[str, str],
+                out_of_time) -> dict[str, dict[int, KernelRecord]]:
+    """Build, check and time the Triton candidates of `tasks` not measured yet, and record them at each share.
+    `reference_of(task)`: the task's own kernel, scheduled, that a candidate is checked against.
+    `run(task, runner_inputs)`: the runner's futures at the shares that want the task; `results_by_share(future)`:
+    {share label: RunnerResult}. Returns {share label: {task index: its fastest kernel whose output was right}},
+    from this call's records and earlier ones."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from ..kernels.triton_gemm import KIND, build_candidate
+    from . import callbacks
+    from .session_runner import is_not_measured
+
+    trials = plan_trials(tasks, target=target, records_dirs=records_dirs)
+    if trials:
+        log.info("trying %d Triton kernels for %d GEMM tasks", len(trials), len({id(t.task) for t in trials}))
+    references: dict[int, object] = {}
+    builds = []
+    for trial in trials:
+        if out_of_time():
+            break
+        index = trial.task.index
+        if index not in references:
+            references[index] = reference_of(trial.task)
+        builds.append((trial, builder.submit_call(build_candidate, trial.func, references[index], trial.config,
+                                                  target)))
+    measured = []
+    for trial, future in builds:
+        try:
+            trial.path = future.result()
+        except Exception as exc:  # the worker's exception, a timeout or its death: this configuration fails here
+            trial.error = f"build: {_line(exc)}"
+            measured.append((trial, None))
+            continue
+        runner_input = RunnerInput(trial.path, "cuda", ArgInfo.from_prim_func(trial.func))
+        measured.append((trial, run(trial.task, [runner_input])[0]))
+    for trial, future in measured:
+        results = {label: None for label in records_dirs} if future is None else results_by_share(future)
+        for label, result in results.items():
+            if result is not None and is_not_measured(result):
+                continue  # never ran (the runner stopped): not a trial
+            error = trial.error if result is None else (str(result.error_msg) if result.error_msg else None)
+            kernel_records.append(records_dirs[label], KernelRecord(
+                workload=trial.workload, kind=KIND, config=trial.config,
+                run_secs=tuple(float(s) for s in result.run_secs) if result is not None and not error else (),
+                checked=error is None, target=str(target), error=_line(error) if error else ""))
+        if trial.path:
+            callbacks.remove_artifact(trial.path)
+    keys = {workload_key_of(task): task.index for task in tasks}
+    return {label: {keys[key]: record for key, record in kernel_records.best_checked(directory).items()
+                    if key in keys}
+            for label, directory in records_dirs.items()}
+
+
+def workload_key_of(task) -> str:
+    from ..records.baselines import workload_key
+
+    return workload_key(task.ctx.mod)
+
+
+def _line(error) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:300]
