@@ -123,17 +123,20 @@ def test_the_triton_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     assert kernel.name in text and "tirx.is_scheduled" in text
 
 
-def test_a_task_replaced_in_the_module_keeps_its_call_and_brings_its_device_module(tmp_path):
+def test_a_task_replaced_in_the_module_keeps_its_call_brings_its_device_module_and_builds_for_cuda(tmp_path):
     """kernels.in_module: the task's PrimFunc (matched by its workload key, as records are) is replaced under its own
     name, the module's other functions stay, and the kernel's module is in external_mods for the build to link (a
-    CPU module stands in for the CUDA one, which a machine without the CUDA driver cannot create)."""
+    CPU module stands in for the CUDA one, which a machine without the CUDA driver cannot create). The Relax build for
+    CUDA takes the module: its fusion leaves the launching function alone (FuseTIR takes only block bodies)."""
+    pytest.importorskip("triton")
     from tunekit.kernels.in_module import replace_tasks, task_key
+    from tunekit.kernels.triton_gemm import TileConfig, compile_gemm, launching_func
 
     path = _dense_onnx(str(tmp_path / "d.onnx"), m=40, k=64, n=48, residual=False)
     prepared, tasks = _tasks(path, Target(H100))
     func, plan, _ = _gemm(path)
     key = task_key(func)
-    launching = func.with_attr("tunekit.kernel", "triton")
+    launching = launching_func(func, plan, compile_gemm(plan, TileConfig(16, 32, 32, 4, 3), arch=90))
     device = tvm.compile(tvm.IRModule({"main": func}), target="llvm").mod
     mod, replaced = replace_tasks(prepared, lambda k, f: (launching, device) if k in (key, "0" * 16) else None)
     assert replaced == {key}
@@ -143,6 +146,8 @@ def test_a_task_replaced_in_the_module_keeps_its_call_and_brings_its_device_modu
     assert mod[changed[0]].attrs["global_symbol"] == changed[0]
     assert len(mod.attrs["external_mods"]) == 1 and "tunekit.kernel" not in str(prepared[changed[0]].attrs)
     assert replace_tasks(prepared, lambda k, f: None)[0].same_as(prepared)
+    with Target(H100):
+        tvm.compile(mod, target=Target(H100))
 
 
 @pytest.mark.gpu

@@ -217,7 +217,10 @@ def launching_func(func, plan, kernel: CompiledGemm):
     scratch = [tvm.tirx.IntImm("int64", 0)] * (kernel.params - kernel.pointers)  # Triton's unused scratch
     launch = [kernel.threads, kernel.grid] + ([kernel.shared_bytes] if kernel.shared_bytes else [])
     call = tirx.call_packed(kernel.name, *pointers, *scratch, *[tvm.tirx.IntImm("int32", x) for x in launch])
-    return func.with_body(tirx.Evaluate(call)).with_attrs({"tirx.is_scheduled": True, "tunekit.kernel": KIND})
+    # op_pattern 8 (kOpaque): the Relax build's FuseOps must not fuse a call to it with its neighbours (FuseTIR takes
+    # only functions whose body is a block)
+    return func.with_body(tirx.Evaluate(call)).with_attrs({"tirx.is_scheduled": True, "tunekit.kernel": KIND,
+                                                           "op_pattern": 8})
 
 
 def build_candidate(func, reference, config_name: str, target, artifact_dir: str) -> str:

@@ -68,6 +68,7 @@ class Pipeline:
         self.precision_fallbacks: dict[str, str] = {}  # share -> why --precision auto fell back to fp32
         self._timing_limit_s: dict[str, float] = {}  # share -> how long a timing may take, from the untuned one's
         self._ahead: dict[str, tuple] = {}  # share -> (records, {path: its build's future}) from build_tuned_ahead
+        self._kernels_off: dict[str, str] = {}  # share -> why its kernels of another kind were left out of its build
         # (target, precision) -> (prepared module, precision) or None: a preparation made elsewhere (a fleet's)
         self.prepared_ahead: Callable | None = None
 
@@ -225,18 +226,45 @@ class Pipeline:
         from ..clients.compiler import compile_and_export, kernels_worth_applying
 
         key = (id(job.prepared), str(job.target.export()), cuda_graph)
-        kernels = kernels_worth_applying(job.db_dir, database) if database is not None else None
+        kernels = kernels_worth_applying(job.db_dir, database) \
+            if database is not None and job.label not in self._kernels_off else None
+
+        def write(kernels=kernels) -> None:
+            compile_and_export(prepared_mod=job.prepared, target=job.target, database=database, path=path,
+                               cuda_graph=cuda_graph, kernels=kernels)
+
+        def write_without_failing_kernels() -> None:
+            try:
+                write()
+            except Exception as exc:  # a kernel of another kind must not cost the run its tuned build
+                if not kernels:
+                    raise
+                self._leave_kernels_out(job, f"the build with them failed: {_last_line(exc)}")
+                write(kernels=None)
+
         try:
-            self._untuned_builds.build(path, lambda: compile_and_export(prepared_mod=job.prepared, target=job.target,
-                                                                        database=database, path=path,
-                                                                        cuda_graph=cuda_graph, kernels=kernels),
-                                       key=key if database is None else None)
+            self._untuned_builds.build(path, write_without_failing_kernels, key=key if database is None else None)
         except Exception as exc:  # a record that does not build: numerics_repair leaves its task untuned
             if database is None:
                 raise
             text = str(exc).strip()
             raise TunedBuildFailed(f"the tuned build failed: {type(exc).__name__}: "
                                    f"{text.splitlines()[-1][:300] if text else ''}") from exc
+
+    def _leave_kernels_out(self, job: ShareJob, why: str) -> None:
+        """`job`'s builds from now on use MetaSchedule's kernels only; report rows say why (_kernel_rows)."""
+        if job.label not in self._kernels_off:
+            log.warning("%s: the Triton kernels measured best are left out, their tasks take MetaSchedule's: %s",
+                        job.label, why)
+        self._kernels_off.setdefault(job.label, why)
+
+    def _kernel_rows(self, job: ShareJob, tasks: list[dict]) -> None:
+        """Rows whose kernel of another kind was left out of the build take the kind the build has, and say why."""
+        why = self._kernels_off.get(job.label)
+        for row in tasks if why else []:
+            if row.get("kernel") not in (None, "metaschedule", "default"):
+                row["kernel_left_out"] = why
+                row["kernel"] = "metaschedule" if row.get("record_applied") else "default"
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
         return numerics.bound_for(job.precision, **self._bound_overrides())
@@ -446,6 +474,18 @@ class Pipeline:
         log.warning("%d task(s) keep their untuned kernel: their tuned kernels broke the model", len(broken))
         return records_for(records, [key for key in applied if key not in broken])
 
+    def _without_kernels(self, job: ShareJob, session: ShareSession, artifact: str, records, outcome, refused):
+        """The tuned model refused with kernels of another kind in it: the model without them, measured, or None
+        where it had none or is refused too (then the records are looked at, _without_broken_records)."""
+        if job.label in self._kernels_off or not any(
+                row.get("kernel") not in (None, "metaschedule", "default") for row in outcome.tasks):
+            return None
+        self._leave_kernels_out(job, f"the model with them was refused: {str(refused).splitlines()[0][:300]}")
+        try:
+            return self._measure(job, session, path=artifact, database=records, what="the tuned model")
+        except (numerics.NumericsRefused, TunedBuildFailed, LatencyFailed):
+            return None
+
     def build_untuned_ahead(self, job: ShareJob, *, pool) -> concurrent.futures.Future:
         """Compile `job`'s untuned model on `pool` (a fleet builds its models at once); measure_untuned then
         times that build, or where it failed, compiles it again alone."""
@@ -487,8 +527,11 @@ class Pipeline:
             for future in built.values():  # built with records that are no longer applied
                 concurrent.futures.wait([future])
             built = {}
-            records = self._without_broken_records(job, session, outcome, records, refused)
-            tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+            tuned = self._without_kernels(job, session, artifact, records, outcome, refused)
+            if tuned is None:
+                records = self._without_broken_records(job, session, outcome, records, refused)
+                tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
+        self._kernel_rows(job, outcome.tasks)
         from ..frontend.precision import fp32_kept, skipped_steps
         from .efficiency import annotate_efficiency
 
@@ -563,3 +606,8 @@ def _unscheduled(tasks: list) -> list:
     from ..frontend.tasks import already_scheduled
 
     return [t for t in tasks if not already_scheduled(t)]
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
