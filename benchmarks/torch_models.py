@@ -73,6 +73,7 @@ def build(name: str):
     model_spec = spec(name)
     torch.manual_seed(0)
     model = BUILDERS[model_spec.source](model_spec)
+    _no_zero_layers(model)
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         _calibrate_batch_norm(model, batch=lambda: make_inputs(model_spec.inputs, batch=8))
     inputs = make_inputs(model_spec.inputs)
@@ -139,6 +140,24 @@ def _positional(inner, input_names: list[str], output_names: list[str]):
 
 
 BUILDERS = {"torchvision": _torchvision, "timm": _timm, "transformers": _transformers}
+
+
+def _no_zero_layers(model) -> None:
+    """Weights a library initializes to zero get random values (std 0.02), and zero normalization scales ones.
+    torchvision's ViT starts with a zero head, so its logits were all zero: every build and every PyTorch variant
+    then matched the reference exactly, and no numerics check could fail. timm's zero_init_last does the same to
+    a residual branch's last BatchNorm."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.nn.Parameter) or weight.numel() == 0 or weight.any():
+                continue
+            if isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)):
+                weight.normal_(0.0, 0.02)
+            elif isinstance(module, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)):
+                weight.fill_(1.0)
 
 
 def _calibrate_batch_norm(model, *, batch, batches: int = 4) -> None:

@@ -118,3 +118,16 @@ def test_task_state_counts_stale_batches():
     slow_record.record(60.0)  # slower than the untuned kernel: what the model runs stays 50
     slow_record.after_batch(50.0, fresh=1, cached=0)
     assert slow_record.effective_us == 50.0 and slow_record.stale_batches == 1
+
+
+def test_a_task_whose_triton_kernel_beats_the_searchs_best_gets_trials_only_after_the_others():
+    """A GEMM whose Triton kernel (kernel_us) is far below MetaSchedule's best has nothing to gain from the next batch
+    of the search; a lighter task the search can still improve goes first. Without a kernel the GEMM would win."""
+    gemm = _task(0, 12, 100.0, best_us=30.0, batches=3, history=[40.0, 35.0, 30.0])
+    norm = _task(1, 24, 5.0, best_us=4.5, batches=3, history=[5.0, 4.8, 4.5])
+    scheduler = TaskScheduler([gemm, norm], trials_per_iter=4)
+    assert scheduler.next_task(set()) is gemm  # 12 x 30 us still to win from
+    gemm.kernel_us, gemm.history = 12.0, [12.0, 12.0, 12.0]  # the kernel was measured before the search began
+    assert scheduler.next_task(set()) is norm
+    gemm.best_us = 12.5  # the search is about to beat the kernel: worth its trials again
+    assert scheduler.next_task(set()) is gemm

@@ -396,3 +396,21 @@ def test_a_gpu_sweeps_journal_left_by_a_cut_off_run_is_merged_by_the_next(zoo, t
     zoo.main(["gpu", "--work", work, "--models", "resnet18"])  # not exported: nothing runs
     assert zoo._read_jsonl(os.path.join(work, "zoo.jsonl")) == [row]
     assert not (tmp_path / "zoo-gpu1.jsonl").exists()
+
+
+def test_a_zero_initialized_head_or_norm_scale_gets_values_so_the_outputs_can_be_checked():
+    """torchvision's ViT starts with a zero head: its logits were all zero and every build matched the reference."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        torch_models = importlib.import_module("torch_models")
+    finally:
+        sys.path.remove(BENCHMARKS)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 4))
+    torch.nn.init.zeros_(model[2].weight)
+    torch.nn.init.zeros_(model[1].weight)
+    kept = model[0].weight.detach().clone()
+    torch_models._no_zero_layers(model)
+    assert model[2].weight.abs().max() > 0 and bool((model[1].weight == 1).all())
+    assert torch.equal(model[0].weight, kept)  # random weights stay as they were
+    assert model.eval()(torch.randn(2, 8)).abs().max() > 0

@@ -107,7 +107,8 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
             kernel_records.append(records_dirs[label], KernelRecord(
                 workload=trial.workload, kind=KIND, config=trial.config,
                 run_secs=tuple(float(s) for s in result.run_secs) if result is not None and not error else (),
-                checked=error is None, target=str(target), error=_line(error) if error else ""))
+                checked=error is None, target=f"{target.kind.name} {target.attrs.get('arch', '')}".strip(),
+                error=_line(error) if error else ""))
         if trial.path:
             callbacks.remove_artifact(trial.path)
     keys = {workload_key_of(task): task.index for task in tasks}

@@ -93,6 +93,12 @@ class TaskState:
         known = [us for us in (self.best_us, self.untuned_us, self.kernel_us) if us is not None]
         return min(known) if known else None
 
+    @property
+    def searched_us(self) -> float | None:
+        """What MetaSchedule's search has to beat to lower this task's latency: its best record or untuned kernel."""
+        known = [us for us in (self.best_us, self.untuned_us) if us is not None]
+        return min(known) if known else None
+
     def cost_in_model(self) -> float:
         """weight x latency: the share of the model's time this task stands for (inf when unknown,
         so an unmeasured task is never taken for a light one)."""
@@ -170,15 +176,19 @@ def gradient(task: TaskState, tasks: list[TaskState], *, alpha: float = ALPHA, b
     else:
         backward = 0.0
     rounds = max(1, task.batches)
-    expected = cost - cost / rounds
-    similar = [t for t in tasks if t.family == task.family and t.effective_us and t.flops > 1.0]
+    # What the search's next batch may reach, from its own kernels: a task whose kernel of another kind (a Triton
+    # GEMM) is faster than MetaSchedule's best gains nothing until the search gets below it. Its GEMMs had taken
+    # 880 of ViT-B/16's 1,130 trials, 2.5x slower than their Triton kernels (benchmarks/RESULTS.md, "Triton").
+    searched = task.searched_us or cost
+    expected = searched - searched / rounds
+    similar = [t for t in tasks if t.family == task.family and t.searched_us and t.flops > 1.0]
     if task.flops > 1.0 and len(similar) > 1:
-        best_rate = max(t.flops / t.effective_us for t in similar)
+        best_rate = max(t.flops / t.searched_us for t in similar)
         expected = min(expected, beta * task.flops / best_rate)
     # No kernel gets faster than the fastest kernel measured in the model (launch and sync): without
     # this floor a launch-bound kernel's whole latency looked winnable and took most of the trials.
     floor = min((t.effective_us for t in tasks if t.effective_us), default=0.0)
-    forward = max(expected, min(floor, cost)) - cost
+    forward = min(0.0, max(expected, min(floor, cost)) - cost)
     return task.weight * (alpha * backward + (1 - alpha) * forward)
 
 
