@@ -136,6 +136,21 @@ def test_merge_reindexes_workloads_and_is_idempotent(tmp_path):
     assert merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)["new_records"] == 0
 
 
+def test_merge_brings_each_shards_kernel_records_once(tmp_path):
+    """A Ray client's Triton kernels, measured into its shard, reach the share's records (clients.kernel_trials)."""
+    from tunekit.records import kernel_records
+    from tunekit.records.kernel_records import KernelRecord
+
+    for shard, configs in (("a", ["m16n64k64w4s4g8", "m32n64k32w2s5g8"]), ("b", ["m32n64k32w2s5g8"])):
+        _shard(tmp_path / shard, [], [])
+        for config in configs:
+            kernel_records.append(str(tmp_path / shard), KernelRecord("h1", "triton", config, (1e-5,), True))
+    into = str(tmp_path / "merged")
+    assert merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)["new_kernel_records"] == 2
+    assert sorted(r.config for r in kernel_records.read(into)) == ["m16n64k64w4s4g8", "m32n64k32w2s5g8"]
+    assert merge_shards([str(tmp_path / "a"), str(tmp_path / "b")], into)["new_kernel_records"] == 0
+
+
 # ---------------------------------------------------------------- real runs
 @pytest.fixture(scope="module")
 def four_clients(example_model, tmp_path_factory):

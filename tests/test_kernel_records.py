@@ -66,3 +66,16 @@ def test_kernels_measured_best_are_left_out_with_a_warning_where_tvm_has_no_cuda
         assert with_kernels(prepared, {key: _kernel(key, 1.0)}, target=target).same_as(prepared)
     assert "no CUDA runtime" in caplog.text
     assert with_kernels(prepared, {}, target=target).same_as(prepared)
+
+
+def test_a_fleets_kernel_records_go_to_each_model_with_its_own_workloads(tmp_path):
+    """records.subset.write_subset: a model tuned in a fleet gets the kernels of its workloads, so its build uses them."""
+    from tunekit.records.subset import write_subset
+
+    fleet, model = str(tmp_path / "fleet"), str(tmp_path / "model")
+    for key in ("a" * 16, "b" * 16):
+        kernel_records.append(fleet, _kernel(key, 9.0))
+    write_subset(fleet, model, {"a" * 16})
+    assert [r.workload for r in kernel_records.read(model)] == ["a" * 16]
+    write_subset(fleet, model, {"a" * 16})  # again (a resumed fleet): nothing twice
+    assert len(kernel_records.read(model)) == 1

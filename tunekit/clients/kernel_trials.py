@@ -30,8 +30,12 @@ class _Trial:
 
 
 def available(target) -> bool:
-    """Triton candidates can be built here for `target`: a CUDA target and Triton installed."""
-    return target.kind.name == "cuda" and importlib.util.find_spec("triton") is not None
+    """Triton candidates can be built here for `target`: a CUDA target, Triton installed, and TVM's CUDA runtime
+    (a machine without the driver, a Ray client on a CPU node, cannot make the kernel's module)."""
+    import tvm_ffi
+
+    return target.kind.name == "cuda" and importlib.util.find_spec("triton") is not None and \
+        tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is not None
 
 
 def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_Trial]:
@@ -40,7 +44,7 @@ def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_T
     from ..kernels.triton_gemm import KIND, supports, tile_configs
     from ..records.baselines import workload_key
 
-    if not available(target):
+    if target.kind.name != "cuda":
         return []
     done = [{(r.workload, r.kind, r.config) for r in kernel_records.read(d)} for d in records_dirs.values()]
     trials = []
@@ -75,7 +79,7 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
     from . import callbacks
     from .session_runner import is_not_measured
 
-    trials = plan_trials(tasks, target=target, records_dirs=records_dirs)
+    trials = plan_trials(tasks, target=target, records_dirs=records_dirs) if available(target) else []
     if trials:
         log.info("trying %d Triton kernels for %d GEMM tasks", len(trials), len({id(t.task) for t in trials}))
     references: dict[int, object] = {}
@@ -90,6 +94,11 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
                                                   target)))
     measured = []
     for trial, future in builds:
+        if out_of_time():  # the time budget ran out: the rest are neither measured nor recorded
+            if future.done() and future.exception() is None:
+                callbacks.remove_artifact(future.result())
+            future.cancel()
+            continue
         try:
             trial.path = future.result()
         except Exception as exc:  # the worker's exception, a timeout or its death: this configuration fails here

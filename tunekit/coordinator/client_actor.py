@@ -133,7 +133,8 @@ class TuningClientImpl:
             config=self.config if time_budget_s is None else dataclasses.replace(self.config, time_budget_s=time_budget_s),
             work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"), measure_untuned=measure_untuned, task_budgets=budgets, pool=RemotePool(pool) if pool is not None else None,
             known_database=self.known, count_existing=resume_counts, improving_only=improving_only,
-            tag={"client": self.client_id}, warm_start=warm_start.open_sources(self.config.warm_start)))
+            tag={"client": self.client_id}, warm_start=warm_start.open_sources(self.config.warm_start),
+            records_dirs={self.share_label: self.shard_dir}))  # kernels of another kind: merged with the shard
         result = dataclasses.asdict(outcome)
         result["hung_candidates"] = self.engine.runner.hangs
         # seconds per candidate inside this client's build workers, by phase: whether a busier machine slows the

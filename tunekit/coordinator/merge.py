@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 
+from ..records import kernel_records
 from ..records.database import repair_truncated_tail
 from ..records.jsonl import RECORDS, WORKLOADS, read_records, read_workloads
 from ..records.trace_keys import append_keys, line_id, read_keys
@@ -77,7 +78,8 @@ def merge_shards(shard_dirs: list[str], into: str) -> dict:
         _append(os.path.join(into, WORKLOADS), merged.new_workloads)
         lines = _append(os.path.join(into, RECORDS), merged.new_records)
         append_keys(into, [(line_id(text), *key) for text, key in zip(lines, merged.new_keys) if key is not None])
+        kernels = kernel_records.copy_into(shard_dirs, into)
         fcntl.flock(lock, fcntl.LOCK_UN)
     return {"shards": len(shard_dirs), "new_records": len(merged.new_records),
-            "new_workloads": len(merged.new_workloads), "skipped_lines": skipped}
+            "new_workloads": len(merged.new_workloads), "new_kernel_records": kernels, "skipped_lines": skipped}
 

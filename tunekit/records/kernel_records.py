@@ -68,3 +68,20 @@ def best_checked(db_dir: str) -> dict[str, KernelRecord]:
         if record.workload not in best or us < best[record.workload].mean_us:
             best[record.workload] = record
     return best
+
+
+def copy_into(src_dirs: list[str], into: str, *, keys: set[str] | None = None) -> int:
+    """Append to `into`'s kernel records those of `src_dirs` it does not hold (by workload, kind and configuration),
+    only of the workloads in `keys` when given: a Ray client's shard merged into the share's records, a fleet's
+    records handed to each model. Returns how many it appended."""
+    held = {(r.workload, r.kind, r.config) for r in read(into)}
+    added = 0
+    for src in src_dirs:
+        for record in read(src):
+            key = (record.workload, record.kind, record.config)
+            if key in held or (keys is not None and record.workload not in keys):
+                continue
+            append(into, record)
+            held.add(key)
+            added += 1
+    return added

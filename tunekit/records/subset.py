@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import trace_keys
+from . import kernel_records, trace_keys
 from .baselines import key_of_hash
 from .jsonl import RECORDS, WORKLOADS, read_records, read_workloads
 
@@ -38,6 +38,7 @@ def write_subset(src_dir: str, dst_dir: str, keys: set[str]) -> int:
     _replace(os.path.join(dst_dir, RECORDS), records)
     _replace(os.path.join(dst_dir, trace_keys.KEYS), [])
     trace_keys.append_keys(dst_dir, kept_keys)
+    kernel_records.copy_into([src_dir], dst_dir, keys=keys)  # its tasks' kernels of another kind, as measured
     return len(records)
 
 
