@@ -66,9 +66,10 @@ def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_T
 
 
 def try_kernels(tasks: list, *, target, builder, run, results_by_share, reference_of, records_dirs: dict[str, str],
-                out_of_time) -> dict[str, dict[int, KernelRecord]]:
+                out_of_time, on_progress=None) -> dict[str, dict[int, KernelRecord]]:
     """Build, check and time the Triton candidates of `tasks` not measured yet, and record them at each share.
     `reference_of(task)`: the task's own kernel, scheduled, that a candidate is checked against.
+    `on_progress(done, total)`: after each candidate's outcome (the progress bar's status line).
     `run(task, runner_inputs)`: the runner's futures at the shares that want the task; `results_by_share(future)`:
     {share label: RunnerResult}. Returns {share label: {task index: its fastest kernel whose output was right}},
     from this call's records and earlier ones."""
@@ -93,6 +94,8 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
         builds.append((trial, builder.submit_call(build_candidate, trial.func, references[index], trial.config,
                                                   target)))
     measured = []
+    if builds and on_progress is not None:
+        on_progress(0, len(builds))
     for trial, future in builds:
         if out_of_time():  # the time budget ran out: the rest are neither measured nor recorded
             if future.done() and future.exception() is None:
@@ -107,7 +110,7 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
             continue
         runner_input = RunnerInput(trial.path, "cuda", ArgInfo.from_prim_func(trial.func))
         measured.append((trial, run(trial.task, [runner_input])[0]))
-    for trial, future in measured:
+    for done, (trial, future) in enumerate(measured, 1):
         results = {label: None for label in records_dirs} if future is None else results_by_share(future)
         for label, result in results.items():
             if result is not None and is_not_measured(result):
@@ -120,13 +123,15 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
                 error=_line(error) if error else ""))
         if trial.path:
             callbacks.remove_artifact(trial.path)
-    keys = {workload_key_of(task): task.index for task in tasks}
+        if on_progress is not None:
+            on_progress(done, len(measured))
+    keys = {_key(task): task.index for task in tasks}
     return {label: {keys[key]: record for key, record in kernel_records.best_checked(directory).items()
                     if key in keys}
             for label, directory in records_dirs.items()}
 
 
-def workload_key_of(task) -> str:
+def _key(task) -> str:
     from ..records.baselines import workload_key
 
     return workload_key(task.ctx.mod)

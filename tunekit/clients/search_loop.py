@@ -771,6 +771,7 @@ class SearchLoop:
             best = try_kernels(self.tasks, target=self.req.target, builder=self.builder, run=self._run,
                                results_by_share=self._results_by_share, records_dirs=self.req.records_dirs,
                                reference_of=lambda task: untuned_module(task.ctx, self.req.target)["main"],
+                               on_progress=self._kernel_progress,
                                out_of_time=lambda: self._out_of_time(started))
         except Exception as exc:  # no kernel of another kind kills a run: the tasks keep MetaSchedule's
             log.warning("kernels of another kind were not tried: %s", error_line(str(exc)))
@@ -779,6 +780,10 @@ class SearchLoop:
             for index, record in best.get(lane.label, {}).items():
                 lane.tasks[index].kernel_us, lane.tasks[index].kernel = record.mean_us, f"{record.kind}:{record.config}"
         self.phases.kernels_s += time.perf_counter() - t
+
+    def _kernel_progress(self, done: int, total: int) -> None:
+        if self.req.progress is not None:
+            self.req.progress.advance(0, status=f"Triton kernels {done}/{total}")
 
     def _lane(self, label: str) -> ShareLane:
         return next(lane for lane in self.lanes if lane.label == label)
