@@ -128,3 +128,19 @@ def test_squeeze_excitation_convs_are_each_accounted_for(tmp_path):
             line = f"task {task['name']}: {task['fallback']}"
             assert "\n" not in line and line in result["problems"], result["problems"]
     assert result["untuned_build"] in ("ok", "skipped"), result["untuned_build_detail"]
+
+
+def test_a_dense_layers_gemm_gets_triton_kernels_that_compile_for_hopper_without_a_gpu(tmp_path):
+    """`tunekit check --gpu-arch sm_90`: the GEMM task's first Triton configuration compiles here (Triton's own
+    ptxas), and the check counts the configurations a tune will measure; the input's cast is no GEMM."""
+    pytest.importorskip("triton")
+    from test_triton_gemm import _dense_onnx
+
+    from tunekit.readiness import check, gpu_arch_target
+
+    path = _dense_onnx(str(tmp_path / "d.onnx"), m=40, k=72, n=48, residual=True)
+    result = check(path, target=gpu_arch_target("sm_90"))
+    gemms = [t for t in result.tasks if t.triton_configs]
+    assert len(gemms) == 1 and len(result.tasks) > 1 and gemms[0].triton_error is None
+    assert result.triton_tasks == 1 and "1 with Triton kernels" in result.summary()
+    assert result.to_dict()["triton_tasks"] == 1

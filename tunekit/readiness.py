@@ -30,6 +30,8 @@ class TaskCheck:
     spaces: int                  # design spaces made (0: none could be)
     tensorized: bool             # a space maps the task onto a tensor intrinsic (tensor cores on CUDA)
     fallback: str | None = None  # why the task would run its untuned kernel instead of being tuned
+    triton_configs: int = 0      # Triton tile configurations a tune tries for it (a GEMM; clients.kernel_trials)
+    triton_error: str | None = None  # why its first configuration did not compile for the target here
 
 
 @dataclass(kw_only=True)
@@ -57,12 +59,17 @@ class CheckResult:
         return sum(t.tensorized for t in self.tasks)
 
     @property
+    def triton_tasks(self) -> int:
+        """Tasks whose Triton kernel compiled for the target here (a tune measures each of their configurations)."""
+        return sum(bool(t.triton_configs) and t.triton_error is None for t in self.tasks)
+
+    @property
     def fallback_tasks(self) -> list[str]:
         return [t.name for t in self.tasks if t.fallback]
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "ready": self.ready, "tensorized_tasks": self.tensorized_tasks,
-                "fallback_tasks": self.fallback_tasks}
+                "triton_tasks": self.triton_tasks, "fallback_tasks": self.fallback_tasks}
 
     def summary(self) -> str:
         name = os.path.basename(self.model)
@@ -72,7 +79,9 @@ class CheckResult:
         scheduled = f", {self.scheduled_tasks} hand-written" if self.scheduled_tasks else ""
         verdict = "ready" if self.ready else f"NOT READY ({len(self.problems)} problem(s))"
         intrinsic = "a tensor-core space" if self.target.get("kind") == "cuda" else "a tensorized space"
-        return (f"{name} on {where}: {len(self.tasks)} tasks{scheduled}, {self.tensorized_tasks} with {intrinsic}, "
+        triton = f", {self.triton_tasks} with Triton kernels" if self.triton_tasks else ""
+        return (f"{name} on {where}: {len(self.tasks)} tasks{scheduled}, {self.tensorized_tasks} with {intrinsic}"
+                f"{triton}, "
                 f"{self.precision or 'not prepared'}, {len(self.fallback_tasks)} would fall back "
                 f"to their untuned kernel{f' ({why[:200]})' if why else ''}, untuned build {self.untuned_build}: "
                 f"{verdict}")
@@ -83,7 +92,9 @@ class CheckResult:
             and self.untuned_build_detail else []
         kept = [f"precision: fp16, {len(self.fp32_kept)} binding(s) kept in fp32: {'; '.join(self.fp32_kept[:3])}"] \
             if self.fp32_kept else []
-        return [*self.problems, *kept, *skipped, self.summary()]
+        triton = [f"task {t.name}: its Triton kernel does not compile here ({t.triton_error}); MetaSchedule's kernels only"
+                  for t in self.tasks if t.triton_error]
+        return [*self.problems, *kept, *skipped, *triton, self.summary()]
 
 
 # ---------------------------------------------------------------- the target
@@ -196,12 +207,37 @@ def _task_checks(tasks: list, target, progress) -> list[TaskCheck]:
                 task_faults.raise_if_injected("design_space", name)  # as a tune would fail (tests)
                 spaces = generate_design_spaces(ctx)
                 checks.append(TaskCheck(name=name, weight=float(weight), spaces=len(spaces),
-                                        tensorized=any(is_tensorized(s.trace) for s in spaces)))
+                                        tensorized=any(is_tensorized(s.trace) for s in spaces),
+                                        **_triton_check(ctx.mod["main"], target)))
             except Exception as exc:
                 checks.append(TaskCheck(name=name, weight=float(weight), spaces=0, tensorized=False,
                                         fallback=f"no design space: {_no_space_reason(exc, name)}"))
             progress.advance(1, status=name[:28])
     return checks
+
+
+def _triton_check(func, target) -> dict:
+    """A GEMM task's Triton configurations, its first compiled for the target's architecture (Triton's own ptxas,
+    no GPU): TaskCheck's triton fields. Nothing for another task, a CPU target, or without Triton."""
+    import importlib.util
+
+    if target.kind.name != "cuda" or importlib.util.find_spec("triton") is None:
+        return {}
+    from .kernels.gemm_plan import plan_of
+    from .kernels.triton_gemm import arch_of, compile_gemm, supports, tile_configs
+
+    try:
+        plan = plan_of(func)
+    except Exception:  # the planner cannot read it: no GEMM to it
+        return {}
+    configs = tile_configs(plan) if supports(plan) else []
+    if not configs:
+        return {}
+    try:
+        compile_gemm(plan, configs[0], arch=arch_of(target))
+    except Exception as exc:
+        return {"triton_configs": len(configs), "triton_error": _first_line(exc)}
+    return {"triton_configs": len(configs)}
 
 
 def check(model, *, target, precision: str = "auto", input_shapes: dict | None = None,
