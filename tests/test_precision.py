@@ -348,6 +348,41 @@ def test_fp16_reshapes_around_matmuls_no_longer_split_their_epilogues(tmp_path):
     _check_ffn_in_fp16_on_cpu(model, seed=2)
 
 
+def _sequence_first_projection(path: str, *, rows: int = 20, width: int = 48) -> str:
+    """torchvision's multi-head attention around its out-projection: [1, S, C] -> transpose to [S, 1, C] -> reshape
+    [S, C] -> matmul + bias -> reshape [S, 1, C] -> transpose to [1, S, C] -> residual add."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(v, n) for n, v in [
+        ("w", (rng.standard_normal((width, width)) * width ** -0.5).astype(np.float32)),
+        ("b", np.full(width, 0.1, np.float32)), ("s2d", np.array([rows, width], np.int64)),
+        ("s3d", np.array([rows, 1, width], np.int64))]]
+    node = helper.make_node
+    nodes = [node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]), node("Reshape", ["xt", "s2d"], ["x2"]),
+             node("MatMul", ["x2", "w"], ["m"]), node("Add", ["m", "b"], ["h"]), node("Reshape", ["h", "s3d"], ["h3"]),
+             node("Transpose", ["h3"], ["ht"], perm=[1, 0, 2]), node("Add", ["ht", "x"], ["y"])]
+    io = [1, rows, width]
+    graph = helper.make_graph(nodes, "proj", [helper.make_tensor_value_info("x", TensorProto.FLOAT, io)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, io)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.e2e
+def test_fp16_transposes_of_size_one_axes_are_reshapes_and_the_residual_joins_the_matmul(tmp_path):
+    """A transpose that moves only an axis of size 1 keeps the elements in order: deferred like a reshape, so the
+    residual add after torchvision's attention out-projection fuses into the matmul's kernel (ViT-B/16: 12 kernels
+    fewer) and no transpose is left; the model computes the same. Before, the transpose ended the epilogue."""
+    model = load_model(_sequence_first_projection(str(tmp_path / "proj.onnx")))
+    prepared, _ = prepare(model.mod, Target(H100), precision="fp16")
+    names = [name for name, _, _ in _kernel_launches(prepared)]
+    assert not [n for n in names if "transpose" in n], names
+    assert [n for n in names if "matmul" in n and n.count("add") >= 2], names  # bias + residual in the epilogue
+    _check_ffn_in_fp16_on_cpu(model, seed=3)
+
+
 def test_split_k_is_chosen_only_where_the_reduction_dominates():
     from tunekit.frontend.split_k import split_count
 

@@ -12,6 +12,11 @@ matmul of a 2-D right-hand side (on its left operand) and with elementwise ops w
 operands are scalars or vectors along the last dimension. So it is deferred: such ops run on the
 tensor before the reshape, and the reshape is only made where something else needs its result,
 or not at all when a later reshape restores the original shape.
+
+A transpose that only moves axes of size 1 keeps the elements in order: it is a reshape. torchvision's
+multi-head attention ends so: out-projection [S, C], reshape [S, 1, C], transpose to [1, S, C], residual add;
+that add was a kernel of its own (ViT-B/16: 12 of them). An elementwise operand of the reshaped shape (the
+residual) is reshaped to the tensor's own shape instead (a view), so the add joins the matmul's epilogue.
 """
 from __future__ import annotations
 
@@ -38,6 +43,15 @@ def _static_shape(ty):
 def _moves_leading_dims_only(before, after) -> bool:
     return (before is not None and after is not None and len(before) >= 2 and len(after) >= 2
             and before[-1] == after[-1] and _prod(before) == _prod(after))
+
+
+def _keeps_order(shape, axes) -> bool:
+    """A transpose of `shape` by `axes` (None: reversed) moves only axes of size 1: the elements stay in order."""
+    if shape is None:
+        return False
+    axes = list(range(len(shape)))[::-1] if axes is None else [int(a) for a in axes]
+    moved = [a for a in axes if shape[a] != 1]
+    return moved == sorted(moved)
 
 
 def _prod(shape) -> int:
@@ -89,6 +103,9 @@ class DeferReshapes(PyExprMutator):
     def _try_defer(self, var, call) -> bool:
         name = getattr(call.op, "name", None)
         args = list(call.args)
+        if name == "relax.permute_dims" and isinstance(args[0], relax.Var) \
+                and _keeps_order(_static_shape(args[0].ty), call.attrs.axes):
+            name = "relax.reshape"  # it moves only axes of size 1 (module doc)
         if name == "relax.reshape" and isinstance(args[0], relax.Var):
             source = self._resolve(args[0])
             real = source[0] if source else self.visit_expr(args[0])
@@ -107,9 +124,9 @@ class DeferReshapes(PyExprMutator):
         return False
 
     def _defer_elementwise(self, var, call, args) -> bool:
-        reals = [self._resolve(a)[0] for a in args if self._resolve(a) is not None]
-        real_shape = _static_shape(reals[0].ty)
-        if any(_static_shape(r.ty) != real_shape for r in reals):
+        deferred = [self._resolve(a) for a in args if self._resolve(a) is not None]
+        real_shape = _static_shape(deferred[0][0].ty)
+        if any(_static_shape(real.ty) != real_shape or shape != deferred[0][1] for real, shape in deferred):
             return False
         new_args = []
         for arg in args:
@@ -118,6 +135,9 @@ class DeferReshapes(PyExprMutator):
                 new_args.append(source[0])
                 continue
             ndim = getattr(arg.ty, "ndim", -1)
+            if _static_shape(arg.ty) == deferred[0][1]:  # the reshaped shape itself: reshaped back, a view
+                new_args.append(self.builder_.emit(relax.op.reshape(self.visit_expr(arg), real_shape)))
+                continue
             if ndim not in (0, 1):  # broadcasting over leading dims would change with the reshape
                 return False
             new_args.append(self.visit_expr(arg))
