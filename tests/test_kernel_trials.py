@@ -94,6 +94,12 @@ def test_gpu_tuning_tries_triton_kernels_checks_them_at_the_share_and_reports_th
     assert any(r.checked and r.run_secs for r in records), records
     (gemm,) = [t for t in report["tasks"] if t.get("kernel_config")]
     assert gemm["kernel"] in ("triton", "metaschedule", "default") and gemm["kernel_us"] > 0
-    if gemm["kernel"] == "triton":
-        assert gemm["efficiency"]["kernel"] == "triton"
     assert min(o["cosine"] for o in report["numerics"]["tuned"]) > 0.999
+    if gemm["kernel"] == "triton":  # the artifact carries the kernel's cubin, and so does `tunekit compile`'s
+        assert gemm["efficiency"]["kernel"] == "triton"
+        compiled = tmp_path / "compiled.so"
+        proc = run_cli("compile", path, "--records", tmp_path / "t", "--out", compiled)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for artifact in (report["artifact"], compiled):
+            with open(artifact, "rb") as fh:
+                assert b"tunekit_gemm_" in fh.read()

@@ -163,7 +163,7 @@ def tune_for_slo(model: str, *, slo_ms: float, gpu_pct: int | str | list | None 
 def compile_model(model: str, *, records: str, share: str | None = None, out: str,
                   input_shapes: dict | None = None) -> str:
     """Compile `model` with the records of one share (a records-<share> dir or a tune out dir)."""
-    from .clients.compiler import compile_and_export
+    from .clients.compiler import compile_and_export, kernels_worth_applying
     from .frontend.precision import prepare
     from .records.baselines import read_baselines
     from .deploy.metadata import metadata_for, write_metadata
@@ -185,8 +185,10 @@ def compile_model(model: str, *, records: str, share: str | None = None, out: st
     # The records are for the workloads of the precision they were tuned in (fp32 before it was recorded).
     precision = read_identity(databases[share]).get("precision", "fp32")
     prepared, _ = prepare(loaded.mod, target, precision=precision)
-    compile_and_export(prepared_mod=prepared, target=target, database=open_best_records(databases[share], create=False),
-                       path=out, baselines=read_baselines(databases[share]))
+    database = open_best_records(databases[share], create=False)
+    compile_and_export(prepared_mod=prepared, target=target, database=database, path=out,
+                       baselines=read_baselines(databases[share]),
+                       kernels=kernels_worth_applying(databases[share], database))  # the tune's Triton kernels too
     write_metadata(out, metadata_for(loaded=loaded, target=target, share_label=share, precision=precision,
                                      tuned_trials=count_trials(databases[share]), db_dir=databases[share],
                                      prepared_mod=prepared))
