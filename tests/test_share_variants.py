@@ -117,3 +117,23 @@ def test_gpu_variants_compile_into_one_artifact_with_a_cuda_graph_each(tmp_path)
     binary = open(path, "rb").read()
     assert b"main__gpu20" in binary and b"main__gpu100" in binary
     assert b"_cuda_graph_capture" in binary
+
+
+def test_merged_module_links_every_variants_kernels_of_another_kind(example_model):
+    """Each share's variant may run Triton kernels of its own (clients.compiler.with_kernels): the merged module
+    carries every variant's device modules, not only the first's (CPU modules stand in for the CUDA ones)."""
+    import tvm
+
+    from tunekit.clients.share_variants import merge_variants
+    from tunekit.frontend.precision import prepare
+    from tunekit.run.session import load_model
+    from tunekit.shares.share import Share
+    from tunekit.targets import target_for
+    from tunekit.testing import add_one_module
+
+    prepared, _ = prepare(load_model(example_model).mod, target_for(Share.from_label("cpu50")), precision="fp32")
+    device = [tvm.compile(add_one_module(n), target="llvm").mod for n in (8, 16)]
+    merged = merge_variants({"a": prepared.with_attr("external_mods", [device[0]]),
+                             "b": prepared.with_attr("external_mods", [device[1]])}, default="a")
+    assert [m.same_as(d) for m, d in zip(merged.attrs["external_mods"], device)] == [True, True]
+    assert "external_mods" not in (merge_variants({"a": prepared, "b": prepared}, default="a").attrs or {})

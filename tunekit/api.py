@@ -201,7 +201,7 @@ def compile_variants(model: str, *, records: str, shares: list[str] | None = Non
     the `default` share's, else the first's), which tunekit.load times where it runs and runs the fastest
     of: the share-robust artifact of `tune --robust`, from records already measured (a tune out dir
     with several shares' databases). `shares`: which of them (default: all)."""
-    from .clients.compiler import compile_variants_and_export, records_worth_applying
+    from .clients.compiler import compile_variants_and_export, kernels_worth_applying, records_worth_applying
     from .deploy.metadata import metadata_for, write_metadata
     from .deploy.variants import entry_name
     from .frontend.precision import prepare
@@ -233,7 +233,8 @@ def compile_variants(model: str, *, records: str, shares: list[str] | None = Non
         prepared_of[share] = (prepared, precision, target)
         sources[share] = (prepared, records_worth_applying(databases[share], create=False)[0])
     prepared, precision, target = prepared_of[default]
-    compile_variants_and_export(variants=sources, default=default, target=target, path=out)
+    kernels = {share: kernels_worth_applying(databases[share], sources[share][1]) for share in shares}
+    compile_variants_and_export(variants=sources, default=default, target=target, path=out, kernels=kernels)
     meta = metadata_for(loaded=loaded, target=target, share_label=None, precision=precision, tuned_trials=0,
                         db_dir=None, prepared_mod=prepared)
     meta.extra.update({"variants": {share: entry_name(share) for share in shares}, "default_variant": default})

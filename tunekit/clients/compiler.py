@@ -139,13 +139,17 @@ def compile_and_export(*, prepared_mod, target, database, path: str, baselines: 
     return _build_and_export(mod, target=target, path=path, tuned=database is not None, cuda_graph=cuda_graph)
 
 
-def compile_variants_and_export(*, variants: dict, default: str, target, path: str) -> str:
+def compile_variants_and_export(*, variants: dict, default: str, target, path: str,
+                                kernels: dict | None = None) -> str:
     """The share-robust artifact: `variants` {label: (prepared module, database of the records to
     apply)} merged into one module (clients.share_variants), entries `main__<label>`, `main` the
-    `default` one, compiled once and exported to `path`."""
+    `default` one, compiled once and exported to `path`. `kernels`: {label: {workload key: KernelRecord}} of
+    the variants whose tasks run kernels of another kind (kernels_worth_applying at that share)."""
     from .share_variants import merge_variants
 
-    modules = {label: apply_records(prepared_mod=prepared, target=target, database=database)
+    kernels = kernels or {}
+    modules = {label: apply_records(prepared_mod=with_kernels(prepared, kernels[label], target=target)
+                                    if kernels.get(label) else prepared, target=target, database=database)
                for label, (prepared, database) in variants.items()}
     return _build_and_export(merge_variants(modules, default=default), target=target, path=path, tuned=True,
                              cuda_graph=None)

@@ -51,4 +51,7 @@ def merge_variants(modules: dict, *, default: str):
     first = next(iter(modules.values()))
     if first.attrs is not None and len(first.attrs):
         merged = merged.with_attrs(first.attrs)
-    return merged
+    # every variant's kernels of another kind (clients.compiler.with_kernels), not only the first's
+    external = [m for mod in modules.values() if mod.attrs is not None and "external_mods" in mod.attrs
+                for m in mod.attrs["external_mods"]]
+    return merged.with_attr("external_mods", external) if external else merged

@@ -389,16 +389,19 @@ class Pipeline:
         """`<model>-robust.so`: every share's records as a variant (`main__<share>`), and `main` the
         static choice. Its metadata lists the variants (deploy.variants), which the latency workers
         and tunekit.load read to time them at load and run the fastest, so it is written first."""
-        from ..clients.compiler import compile_variants_and_export, records_worth_applying
+        from ..clients.compiler import compile_variants_and_export, kernels_worth_applying, records_worth_applying
         from ..deploy.variants import entry_name
         from .robust import PER_TASK
 
         first = group[0]
         sources = {job.label: (job.prepared, records_worth_applying(job.db_dir)[0]) for job in group}
+        kernels = {job.label: kernels_worth_applying(job.db_dir, sources[job.label][1]) for job in group
+                   if job.label not in self._kernels_off}
         if static == PER_TASK:
             sources[PER_TASK] = (first.prepared, per_task_records)
         with self._step("robust_compile_s"):
-            compile_variants_and_export(variants=sources, default=static, target=first.target, path=path)
+            compile_variants_and_export(variants=sources, default=static, target=first.target, path=path,
+                                        kernels=kernels)
         variants = {label: entry_name(label) for label in sources}
         self._describe(loaded, first, path, share_label=None, trials=0, db_dir=None,
                        extra={"variants": variants, "default_variant": static})
