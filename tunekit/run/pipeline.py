@@ -400,8 +400,15 @@ class Pipeline:
         if static == PER_TASK:
             sources[PER_TASK] = (first.prepared, per_task_records)
         with self._step("robust_compile_s"):
-            compile_variants_and_export(variants=sources, default=static, target=first.target, path=path,
-                                        kernels=kernels)
+            try:
+                compile_variants_and_export(variants=sources, default=static, target=first.target, path=path,
+                                            kernels=kernels)
+            except Exception as exc:  # a kernel of another kind must not cost the run its robust artifact
+                if not any(kernels.values()):
+                    raise
+                for job in group:
+                    self._leave_kernels_out(job, f"the robust build with them failed: {_last_line(exc)}")
+                compile_variants_and_export(variants=sources, default=static, target=first.target, path=path)
         variants = {label: entry_name(label) for label in sources}
         self._describe(loaded, first, path, share_label=None, trials=0, db_dir=None,
                        extra={"variants": variants, "default_variant": static})
