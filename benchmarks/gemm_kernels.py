@@ -5,7 +5,7 @@ fp16 tensor-core peak (run.efficiency), and the largest error against the task's
 The tasks are a dense layer's as tunekit prepares them (fp16, bias and the activation fused after the matmul), at
 ViT-B/16's shapes by default (sequence 197: QKV, out-projection, fc1 with GELU, fc2), from a one-layer ONNX model
 written here. fc2's long K is split (frontend.split_k): its task is the partial sums, without the task that adds
-them up. Each share's timing runs in a process pinned to the share (tunekit's share session: its own MPS
+them up; `fc2_whole` is fc2 unsplit, one kernel with its bias. Each share's timing runs in a process pinned to the share (tunekit's share session: its own MPS
 daemon), with TVM's time_evaluator. Needs a GPU and Triton.
 
   python benchmarks/gemm_kernels.py --gpu-pct 40,100 [--seq 197 --hidden 768 --mlp 3072] [--json F]
@@ -23,9 +23,12 @@ sys.path.insert(0, HERE)
 
 
 def layers(seq: int, hidden: int, mlp: int) -> dict:
-    """{name: (M, K, N, activation)} of one encoder layer's dense layers."""
-    return {"qkv": (seq, hidden, 3 * hidden, None), "out_proj": (seq, hidden, hidden, None),
-            "fc1_gelu": (seq, hidden, mlp, "gelu"), "fc2": (seq, mlp, hidden, None)}
+    """{name: (M, K, N, activation, split along K as tunekit does)} of one encoder layer's dense layers; fc2 also
+    whole, as one kernel with its bias (is the split, made for MetaSchedule's kernels, still worth its second
+    kernel with Triton's?)."""
+    return {"qkv": (seq, hidden, 3 * hidden, None, True), "out_proj": (seq, hidden, hidden, None, True),
+            "fc1_gelu": (seq, hidden, mlp, "gelu", True), "fc2": (seq, mlp, hidden, None, True),
+            "fc2_whole": (seq, mlp, hidden, None, False)}
 
 
 def dense_onnx(path: str, m: int, k: int, n: int, activation: str | None) -> str:
@@ -50,7 +53,7 @@ def dense_onnx(path: str, m: int, k: int, n: int, activation: str | None) -> str
     return path
 
 
-def gemm_task(path: str, target):
+def gemm_task(path: str, target, *, split_k: bool = True):
     """(the GEMM task's PrimFunc, its plan) of a dense model."""
     from tunekit.frontend.precision import prepare
     from tunekit.frontend.tasks import extract_tasks
@@ -60,7 +63,7 @@ def gemm_task(path: str, target):
 
     import_for_target("cuda")
     prepare_metaschedule_logging()
-    prepared, _ = prepare(load_model(path).mod, target, precision="fp16")
+    prepared, _ = prepare(load_model(path).mod, target, precision="fp16", split_k=split_k)
     found = [(t.dispatched[0]["main"], plan_of(t.dispatched[0]["main"])) for t in extract_tasks(prepared, target)]
     return next(((f, p) for f, p in found if p is not None), (None, None))
 
@@ -82,8 +85,9 @@ def worker(args) -> None:
     peak = device_peak(gpu_name())
     share_peak = peak.tensor_fp16_tflops * min(1.0, dev.multi_processor_count / peak.sms) if peak else None
     work = tempfile.mkdtemp(prefix="tunekit-gemm-")
-    for name, (m, k, n, activation) in layers(args.seq, args.hidden, args.mlp).items():
-        func, plan = gemm_task(dense_onnx(os.path.join(work, f"{name}.onnx"), m, k, n, activation), target)
+    for name, (m, k, n, activation, split) in layers(args.seq, args.hidden, args.mlp).items():
+        func, plan = gemm_task(dense_onnx(os.path.join(work, f"{name}.onnx"), m, k, n, activation), target,
+                               split_k=split)
         if plan is None:
             print(json.dumps({"task": name, "error": "no GEMM plan"}), flush=True)
             continue

@@ -161,3 +161,18 @@ def test_the_gemm_table_takes_the_fastest_triton_kernel_within_the_fp16_bound():
             {"share": "gpu40", "task": "fc2", "error": "no GEMM plan"}]
     lines = gemm.table(rows).splitlines()
     assert len(lines) == 3 and "| gpu40 | qkv | 20.00 | m64n64k32w4s3g8 | 10.00 | 0.500 | 100.0 | 0.25 |" == lines[2]
+
+
+def test_the_gemm_benchmark_times_fc2_both_split_along_k_and_whole(tmp_path):
+    """gemm_kernels.py's fc2 is the partial-sum task of the split tunekit makes; fc2_whole the same layer unsplit
+    (prepare(split_k=False)), so the two can be compared with Triton's kernels."""
+    pytest.importorskip("onnx")
+    from tvm.target import Target
+
+    gemm = _benchmark("gemm_kernels")
+    m, k, n, activation, _ = gemm.layers(40, 64, 1024)["fc2"]
+    path = gemm.dense_onnx(str(tmp_path / "fc2.onnx"), m, k, n, activation)
+    split = gemm.gemm_task(path, Target("nvidia/nvidia-h100"))[1]
+    whole = gemm.gemm_task(path, Target("nvidia/nvidia-h100"), split_k=False)[1]
+    assert (split.splits, split.k * split.splits) == (4, 1024) and (whole.splits, whole.k) == (1, 1024)
+    assert whole.operands and not split.operands  # the bias joins the whole kernel; the split one sums only

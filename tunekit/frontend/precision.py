@@ -151,14 +151,14 @@ def _to_half(mod):
     return mixed, None
 
 
-def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: bool = True):
+def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: bool = True, split_k: bool = True):
     """The imported Relax module in `precision` (fp32: unchanged). Raises TunekitError when TVM
     cannot convert it. fp16 is the whole model in fp16 with fp32 accumulation (frontend.half); a
     graph that pass cannot retype gets ToMixedPrecision, which keeps fp32 between the matmuls, or
     where that fails too, frontend.half with those bindings in fp32 (module doc: fp32_kept).
     `target_kind`: what the fused attention kernels are written for (not "cuda": the same loops run
     serially, which only tests use, to check the fp16 model's numerics on a CPU);
-    `fuse_attention=False` keeps attention unfused (for comparisons)."""
+    `fuse_attention=False` keeps attention unfused, `split_k=False` long reductions whole (both for comparisons)."""
     if precision == "fp32":
         return mod
     from tvm import relax
@@ -184,7 +184,7 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         mod, kept = _to_half(mod)
         if kept is None:  # ToMixedPrecision's module, as before
             return _noted(mod, [], skipped)
-        mod, split = _optional("split-K", split_long_reductions, mod, skipped, counted=True)
+        mod, split = _optional("split-K", split_long_reductions, mod, skipped, counted=True) if split_k else (mod, 0)
         if split:
             log.info("fp16: %d matmuls split along K", split)
         if fuse_attention:
@@ -198,12 +198,13 @@ def convert(mod, precision: str, *, target_kind: str = "cuda", fuse_attention: b
         raise TunekitError(f"TVM cannot convert this model to fp16 ({_last_line(exc)}); use --precision fp32") from None
 
 
-def prepare(mod, target, *, precision: str, fuse_attention: bool = True, fold_kernels: bool = True):
+def prepare(mod, target, *, precision: str, fuse_attention: bool = True, fold_kernels: bool = True,
+            split_k: bool = True):
     """(prepared module, precision it is in): `mod` converted, then frontend.tasks.prepare_for_tuning.
     `precision` is resolved first (resolve_precision); `auto` falls back to fp32 when the model
     cannot be converted (the reason is logged). A model converted but for a few bindings is "fp16":
     fp32_kept(prepared) names those, skipped_steps(prepared) the optional steps that failed.
-    `fuse_attention`: see convert; `fold_kernels`: see prepare_for_tuning (both are for comparisons)."""
+    `fuse_attention`, `split_k`: see convert; `fold_kernels`: see prepare_for_tuning (all for comparisons)."""
     from .powers import powers_as_products
     from .tasks import prepare_for_tuning
 
@@ -213,7 +214,8 @@ def prepare(mod, target, *, precision: str, fuse_attention: bool = True, fold_ke
         if rewritten:
             log.info("%d integer powers written as products", rewritten)
     try:
-        converted = convert(mod, resolved, target_kind=target.kind.name, fuse_attention=fuse_attention)
+        converted = convert(mod, resolved, target_kind=target.kind.name, fuse_attention=fuse_attention,
+                            split_k=split_k)
     except TunekitError as exc:
         if precision != "auto":
             raise
