@@ -13,6 +13,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 
+from ..errors import error_line
 from ..records import kernel_records
 from ..records.kernel_records import KernelRecord
 
@@ -105,7 +106,7 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
         try:
             trial.path = future.result()
         except Exception as exc:  # the worker's exception, a timeout or its death: this configuration fails here
-            trial.error = f"build: {_line(exc)}"
+            trial.error = f"build: {type(exc).__name__}: {error_line(str(exc))}"
             measured.append((trial, None))
             continue
         runner_input = RunnerInput(trial.path, "cuda", ArgInfo.from_prim_func(trial.func))
@@ -120,7 +121,7 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
                 workload=trial.workload, kind=KIND, config=trial.config,
                 run_secs=tuple(float(s) for s in result.run_secs) if result is not None and not error else (),
                 checked=error is None, target=f"{target.kind.name} {target.attrs.get('arch', '')}".strip(),
-                error=_line(error) if error else ""))
+                error=error_line(error) if error else ""))
         if trial.path:
             callbacks.remove_artifact(trial.path)
         if on_progress is not None:
@@ -135,8 +136,3 @@ def _key(task) -> str:
     from ..records.baselines import workload_key
 
     return workload_key(task.ctx.mod)
-
-
-def _line(error) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else type(error).__name__)[:300]

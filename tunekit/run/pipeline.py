@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import TuneConfig
-from ..errors import RunFailed
+from ..errors import RunFailed, error_line
 from ..results import TuneResult
 from ..servers.latency import LatencyFailed
 from ..shares.share import Share
@@ -239,7 +239,7 @@ class Pipeline:
             except Exception as exc:  # a kernel of another kind must not cost the run its tuned build
                 if not kernels:
                     raise
-                self._leave_kernels_out(job, f"the build with them failed: {_last_line(exc)}")
+                self._leave_kernels_out(job, f"the build with them failed: {error_line(str(exc))}")
                 write(kernels=None)
 
         try:
@@ -407,7 +407,7 @@ class Pipeline:
                 if not any(kernels.values()):
                     raise
                 for job in group:
-                    self._leave_kernels_out(job, f"the robust build with them failed: {_last_line(exc)}")
+                    self._leave_kernels_out(job, f"the robust build with them failed: {error_line(str(exc))}")
                 compile_variants_and_export(variants=sources, default=static, target=first.target, path=path)
         variants = {label: entry_name(label) for label in sources}
         self._describe(loaded, first, path, share_label=None, trials=0, db_dir=None,
@@ -616,8 +616,3 @@ def _unscheduled(tasks: list) -> list:
     from ..frontend.tasks import already_scheduled
 
     return [t for t in tasks if not already_scheduled(t)]
-
-
-def _last_line(exc: Exception) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
