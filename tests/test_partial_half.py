@@ -117,6 +117,19 @@ def _reflect_pad_between_convs(tmp_path):
                  {"w": (8, 8, 3, 3), "w2": (4, 8, 3, 3), "pads": _ints([0, 0, 1, 1, 0, 0, 1, 1])})
 
 
+def _masked_row_attention(tmp_path):
+    """transformers 5's attention mask: -inf where masked, a row masked everywhere (its softmax is NaN) set to
+    zeros after the softmax (GPT-2's first rows in the zoo's export)."""
+    keep = np.tril(np.ones((8, 8), bool))
+    keep[0] = False
+    nodes = [helper.make_node("Where", ["keep", "zero", "ninf"], ["m"]), helper.make_node("Add", ["x", "m"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["n"]),
+             helper.make_node("Where", ["n", "zero", "p"], ["q"]), helper.make_node("MatMul", ["q", "v"], ["y"])]
+    return _save(tmp_path, "masked_rows", nodes, [1, 2, 8, 8], [1, 2, 8, 4],
+                 {"keep": keep.reshape(1, 1, 8, 8), "zero": np.zeros(1, np.float32),
+                  "ninf": np.full(1, -np.inf, np.float32), "v": (8, 4)})
+
+
 def test_a_kernel_fp16_cannot_retype_stays_fp32_and_the_rest_is_fp16(tmp_path, caplog):
     """A reflect pad is TIR that neither frontend.half nor ToMixedPrecision can retype: it alone stays fp32,
     with casts at its boundary; both convs are fp16, and what stayed fp32 is named after prepare_for_tuning."""
@@ -143,7 +156,8 @@ def test_a_model_that_really_cannot_be_converted_is_still_refused_or_tuned_in_fp
         prepare(load_model(path).mod, Target(H100), precision="fp16")
 
 
-@pytest.mark.parametrize("build", [_swin_pads, _maxvit_einsums, _dynamo_squeeze, _reflect_pad_between_convs])
+@pytest.mark.parametrize("build", [_swin_pads, _maxvit_einsums, _dynamo_squeeze, _reflect_pad_between_convs,
+                                   _masked_row_attention])
 def test_converted_models_compute_the_onnx_model_within_the_fp16_bound(build, tmp_path):
     """Each conversion above, compiled for the CPU (LLVM emulates fp16), against onnxruntime in fp32."""
     import tvm

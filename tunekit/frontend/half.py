@@ -20,7 +20,9 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 F16, F32 = "float16", "float32"
-FP16_MAX = 65504.0  # fp32 constants beyond it (attention masks' -3.4e38) become the fp16 extreme, not inf
+# finite fp32 constants beyond it (attention masks' -3.4e38) become the fp16 extreme, not inf; an infinity stays one
+# (transformers 5's -inf masks: a row masked everywhere is NaN, which the model itself turns into zeros)
+FP16_MAX = 65504.0
 ACCUMULATE_IN_FP32 = {"relax.matmul", "relax.nn.conv2d"}
 STATISTICS_IN_FP32 = {"relax.nn.softmax", "relax.nn.log_softmax", "relax.nn.layer_norm", "relax.nn.group_norm",
                       "relax.nn.rms_norm", "relax.nn.instance_norm", "relax.mean", "relax.sum", "relax.prod",
@@ -59,7 +61,8 @@ class ToHalf(PyExprMutator):
     def visit_generic_const_(self, const):
         if _dtype(const) != F32:
             return const
-        return relax.const(np.clip(const.value.numpy(), -FP16_MAX, FP16_MAX).astype(np.float16))
+        value = const.value.numpy()
+        return relax.const(np.where(np.isinf(value), value, np.clip(value, -FP16_MAX, FP16_MAX)).astype(np.float16))
 
     def visit_var_(self, var):
         var = super().visit_var_(var)
