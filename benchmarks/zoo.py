@@ -93,8 +93,8 @@ def _image(size: int = 224) -> tuple:
     return (Input("x", (1, 3, size, size)),)
 
 
-def _text(vocab: int) -> tuple:
-    return Input("input_ids", (1, SEQ), "ids", vocab), Input("attention_mask", (1, SEQ), "ones")
+def _text(vocab: int, seq: int = SEQ) -> tuple:
+    return Input("input_ids", (1, seq), "ids", vocab), Input("attention_mask", (1, seq), "ones")
 
 
 def _tv(name, family, *, small=False, size=224, **options) -> Model:
@@ -134,6 +134,11 @@ ZOO = (
     # with an attention mask (all ones; causal still): without one, transformers 5 looks for packed sequences
     # with aten::diff, which the legacy exporter lacks
     _hf("gpt2", "decoder text", "GPT2LMHeadModel", "GPT2Config", _text(50257), ("logits",),
+        config_kwargs={"use_cache": False}),
+    # issue 53's long sequences: the same models at 512 tokens (attention's key-tile loop past one block)
+    _hf("bert_base_512", "encoder text", "BertModel", "BertConfig", _text(30000, 512),
+        ("last_hidden_state", "pooler_output"), add_pooling_layer=True),
+    _hf("gpt2_512", "decoder text", "GPT2LMHeadModel", "GPT2Config", _text(50257, 512), ("logits",),
         config_kwargs={"use_cache": False}),
     _hf("wav2vec2_base", "speech encoder", "Wav2Vec2Model", "Wav2Vec2Config", (Input("input_values", (1, 16000)),)),
     _hf("whisper_tiny_encoder", "speech encoder", "WhisperModel", "WhisperConfig",
