@@ -160,7 +160,8 @@ def test_gpu_a_model_with_its_gemm_as_a_triton_kernel_computes_the_same(tmp_path
 
     from tunekit.clients.compiler import compile_and_export
     from tunekit.kernels.in_module import task_key
-    from tunekit.kernels.triton_gemm import TileConfig, with_triton_kernels
+    from tunekit.kernels.candidates import with_kernels
+    from tunekit.kernels.triton_gemm import TileConfig
     from tunekit.numerics import check, compare_outputs
     from tunekit.run.session import load_model
     from tunekit.shares.share import Share
@@ -172,7 +173,7 @@ def test_gpu_a_model_with_its_gemm_as_a_triton_kernel_computes_the_same(tmp_path
     target = target_for(Share("gpu", 100))
     prepared, tasks = _tasks(path, target)
     keys = [task_key(t.dispatched[0]["main"]) for t in tasks if plan_of(t.dispatched[0]["main"])]
-    mod, replaced = with_triton_kernels(prepared, {keys[0]: TileConfig(32, 64, 32, 4, 3)}, target=target)
+    mod, replaced = with_kernels(prepared, {keys[0]: TileConfig(32, 64, 32, 4, 3).name}, target=target)
     assert replaced == {keys[0]}
     artifact = compile_and_export(prepared_mod=mod, target=target, database=None, path=str(tmp_path / "t.so"))
     vm = relax.VirtualMachine(tvm.runtime.load_module(artifact), tvm.cuda(0))

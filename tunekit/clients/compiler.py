@@ -75,6 +75,24 @@ def kernels_worth_applying(db_dir: str, database) -> dict:
     return {key: record for key, record in kernels.items() if record.mean_us < beat.get(key, float("inf"))}
 
 
+def fused_kernel_rows(db_dir: str, kernels: dict, task_keys: set) -> list[dict]:
+    """Report rows of the tasks that are not searched (fused attention) and have kernel records at the share: the
+    kernel the build takes (`kernels`, kernels_worth_applying's) beside the hand-written kernel's time."""
+    from ..kernels.candidates import HANDWRITTEN
+    from ..records import kernel_records
+
+    handwritten = {r.workload: r.mean_us for r in kernel_records.read(db_dir)
+                   if r.kind == HANDWRITTEN and r.checked and r.mean_us is not None}
+    rows = []
+    for key in sorted(set(handwritten) - task_keys):
+        chosen = kernels.get(key)
+        row = {"workload_hash": key, "handwritten_us": round(handwritten[key], 3), "kernel": HANDWRITTEN}
+        if chosen is not None and chosen.kind != HANDWRITTEN:
+            row.update(kernel=chosen.kind, kernel_config=chosen.config, kernel_us=round(chosen.mean_us, 3))
+        rows.append(row)
+    return rows
+
+
 def with_kernels(mod, kernels: dict, *, target):
     """`mod` (prepared, before any record is applied: the tasks are matched by their workload keys) with the tasks
     of `kernels` ({workload key: KernelRecord}) computed by those kernels. Where the kernels cannot be built here
@@ -83,16 +101,16 @@ def with_kernels(mod, kernels: dict, *, target):
 
     import tvm_ffi
 
-    from ..kernels.triton_gemm import KIND, TileConfig, with_triton_kernels
+    from ..kernels.candidates import KIND, with_kernels as with_kernels_of_kind
 
-    triton = {key: TileConfig.from_name(r.config) for key, r in kernels.items() if r.kind == KIND}
+    triton = {key: r.config for key, r in kernels.items() if r.kind == KIND}
     if not triton:
         return mod
     if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
         logging.getLogger("tunekit").warning("%d Triton kernels measured best are not built in: this machine's TVM "
                                              "has no CUDA runtime; their tasks take MetaSchedule's", len(triton))
         return mod
-    return with_triton_kernels(mod, triton, target=target)[0]
+    return with_kernels_of_kind(mod, triton, target=target)[0]
 
 
 def records_worth_applying(db_dir: str, *, create: bool = True):

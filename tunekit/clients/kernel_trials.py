@@ -1,7 +1,9 @@
 """Kernels of another kind than MetaSchedule's, tried for a tuning loop's tasks (issue 53).
 
 Each GEMM task (kernels.gemm_plan) gets one candidate per Triton tile configuration that fits it
-(kernels.triton_gemm.tile_configs). A candidate is built by the build pool, beside the task's own kernel, then run on
+(kernels.triton_gemm.tile_configs), each fused attention (never searched: scheduled_tasks) one per Triton flash
+configuration (kernels.triton_attention), and its hand-written kernel is measured beside them (HANDWRITTEN), so a
+Triton kernel is chosen only where it beats it. A candidate is built by the build pool, beside the task's own kernel, then run on
 the share's runner servers like any trial: checked there against the task's kernel on the same inputs
 (clients.session_runner.REFERENCE), then timed. Every outcome goes into the share's kernel records
 (records.kernel_records), so a resumed run measures nothing twice. The final compile picks each task's kernel by
@@ -18,6 +20,38 @@ from ..records import kernel_records
 from ..records.kernel_records import KernelRecord
 
 log = logging.getLogger("tunekit.kernels")
+
+
+@dataclass
+class ScheduledTask:
+    """A task built as it is, never searched (a fused attention), that kernels of another kind may replace."""
+    index: int
+    name: str
+    ctx: object       # .mod: the task's IRModule
+    negligible: bool = False
+
+
+def scheduled_tasks(extracted: list, *, first_index: int) -> list[ScheduledTask]:
+    """The already-scheduled tasks of `extracted` (MetaSchedule's ExtractedTasks) that have kernels of another kind,
+    numbered from `first_index` (after the searched tasks)."""
+    from types import SimpleNamespace
+
+    from ..frontend.tasks import already_scheduled
+    from ..kernels.candidates import needs_baseline
+
+    import tvm
+
+    found = [t for t in extracted if already_scheduled(t) and needs_baseline(t.dispatched[0]["main"])]
+    # keyed as the compile matches the function in the prepared module (kernels.in_module.task_key): extraction
+    # keeps a hand-written kernel's own global symbol
+    return [ScheduledTask(first_index + i, t.task_name, SimpleNamespace(mod=tvm.IRModule(
+        {"main": t.dispatched[0]["main"].with_attr("global_symbol", "main")}))) for i, t in enumerate(found)]
+
+
+def kind_of(config: str) -> str:
+    from ..kernels.candidates import HANDWRITTEN, KIND
+
+    return HANDWRITTEN if config == HANDWRITTEN else KIND
 
 
 @dataclass
@@ -40,9 +74,8 @@ def available(target) -> bool:
 
 
 def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_Trial]:
-    """The Triton candidates of `tasks` (TaskStates) not yet in every share's kernel records."""
-    from ..kernels.gemm_plan import plan_of
-    from ..kernels.triton_gemm import KIND, supports, tile_configs
+    """The candidates of `tasks` (TaskStates, ScheduledTasks) not yet in every share's kernel records."""
+    from ..kernels.candidates import HANDWRITTEN, configs_of, needs_baseline
     from ..records.baselines import workload_key
 
     if target.kind.name != "cuda":
@@ -54,15 +87,15 @@ def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_T
             continue
         func = task.ctx.mod["main"]
         try:
-            plan = plan_of(func)
-        except Exception as exc:  # a task the planner cannot read is no GEMM to it
-            log.info("no GEMM plan for %s: %s", task.name, exc)
+            names = configs_of(func)
+        except Exception as exc:  # a task the planners cannot read has no kernel of another kind
+            log.info("no kernel of another kind for %s: %s", task.name, exc)
             continue
-        if not supports(plan):
-            continue
+        if names and needs_baseline(func):
+            names = [HANDWRITTEN, *names]
         key = workload_key(task.ctx.mod)
-        trials += [_Trial(task, key, config.name, func) for config in tile_configs(plan)
-                   if not all((key, KIND, config.name) in d for d in done)]
+        trials += [_Trial(task, key, name, func) for name in names
+                   if not all((key, kind_of(name), name) in d for d in done)]
     return trials
 
 
@@ -77,13 +110,13 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from ..kernels.triton_gemm import KIND, build_candidate
+    from ..kernels.candidates import build_candidate
     from . import callbacks
     from .session_runner import is_not_measured
 
     trials = plan_trials(tasks, target=target, records_dirs=records_dirs) if available(target) else []
     if trials:
-        log.info("trying %d Triton kernels for %d GEMM tasks", len(trials), len({id(t.task) for t in trials}))
+        log.info("trying %d Triton kernels for %d tasks", len(trials), len({id(t.task) for t in trials}))
     references: dict[int, object] = {}
     builds = []
     for trial in trials:
@@ -118,7 +151,7 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
                 continue  # never ran (the runner stopped): not a trial
             error = trial.error if result is None else (str(result.error_msg) if result.error_msg else None)
             kernel_records.append(records_dirs[label], KernelRecord(
-                workload=trial.workload, kind=KIND, config=trial.config,
+                workload=trial.workload, kind=kind_of(trial.config), config=trial.config,
                 run_secs=tuple(float(s) for s in result.run_secs) if result is not None and not error else (),
                 checked=error is None, target=f"{target.kind.name} {target.attrs.get('arch', '')}".strip(),
                 error=error_line(error) if error else ""))

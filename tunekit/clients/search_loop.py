@@ -764,21 +764,27 @@ class SearchLoop:
     def _try_kernels(self, started: float) -> None:
         """Kernels of another kind for the GEMM tasks (clients.kernel_trials), before the search: a task whose kernel
         is already fast gets fewer of the search's trials (the scheduler follows effective_us)."""
-        from .kernel_trials import try_kernels
+        from .kernel_trials import ScheduledTask, scheduled_tasks, try_kernels
 
         t = time.perf_counter()
+        searched = len(self.tasks)
         try:
-            best = try_kernels(self.tasks, target=self.req.target, builder=self.builder, run=self._run,
-                               results_by_share=self._results_by_share, records_dirs=self.req.records_dirs,
-                               reference_of=lambda task: untuned_module(task.ctx, self.req.target)["main"],
-                               on_progress=self._kernel_progress,
-                               out_of_time=lambda: self._out_of_time(started))
+            fused = scheduled_tasks(self.req.extracted_tasks, first_index=searched)
+            best = try_kernels(
+                self.tasks + fused, target=self.req.target, builder=self.builder, results_by_share=self._results_by_share,
+                run=lambda task, inputs: self.runner.run(inputs) if task.index >= searched else self._run(task, inputs),
+                records_dirs=self.req.records_dirs, on_progress=self._kernel_progress,
+                reference_of=lambda task: task.ctx.mod["main"] if isinstance(task, ScheduledTask)
+                else untuned_module(task.ctx, self.req.target)["main"],
+                out_of_time=lambda: self._out_of_time(started))
         except Exception as exc:  # no kernel of another kind kills a run: the tasks keep MetaSchedule's
             log.warning("kernels of another kind were not tried: %s", error_line(str(exc)))
             best = {}
         for lane in self.lanes:
             for index, record in best.get(lane.label, {}).items():
-                lane.tasks[index].kernel_us, lane.tasks[index].kernel = record.mean_us, f"{record.kind}:{record.config}"
+                if index < searched:  # a fused attention's choice is made by the compile (kernels_worth_applying)
+                    lane.tasks[index].kernel_us = record.mean_us
+                    lane.tasks[index].kernel = f"{record.kind}:{record.config}"
         self.phases.kernels_s += time.perf_counter() - t
 
     def _kernel_progress(self, done: int, total: int) -> None:

@@ -29,6 +29,7 @@ import functools
 from .attention_flash import attention_flash
 from .attention_mma import attention_mma
 from .attention_simt import attention_simt
+from ..kernels.triton_attention import SPEC_ATTR, spec_json
 from .attention_spec import Attention, Operand, Plan, plan
 
 __all__ = ["Attention", "Operand", "Plan", "attention_kernel", "plan"]
@@ -41,4 +42,5 @@ def attention_kernel(spec: Attention, *, gpu: bool = True, tensor_cores: bool = 
     if shape is None:
         raise ValueError("attention does not fit one thread block's shared memory")
     body = attention_flash if shape.key_tile else attention_mma if shape.tensor_cores else attention_simt
-    return body(spec, shape, gpu=gpu)
+    # the spec on the kernel: a kernel of another kind can compute the same (kernels.triton_attention)
+    return body(spec, shape, gpu=gpu).with_attr(SPEC_ATTR, spec_json(spec))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import json
-import os
 import re
-import tempfile
+
+from .triton_compile import CompiledKernel, ceil_pow2, compile_source, launching_call
+from .triton_compile import arch_of, device_module  # noqa: F401 (benchmarks and readiness import them from here)
+from .triton_compile import jit_function as jit_function_of
 
 _TRITON_POINTER = {"float16": "*fp16", "float32": "*fp32", "bfloat16": "*bf16"}
 _TRITON_DTYPE = {"float16": "tl.float16", "float32": "tl.float32", "bfloat16": "tl.bfloat16"}
@@ -56,12 +56,8 @@ _CONFIGS = [TileConfig(128, 256, 64, 8, 3), TileConfig(64, 256, 32, 4, 4), TileC
 
 def tile_configs(plan) -> list[TileConfig]:
     """The candidates worth measuring for `plan`: no tile larger than the problem needs (tl.dot takes 16 and up)."""
-    return [c for c in _CONFIGS if c.block_m <= max(16, _ceil_pow2(plan.m)) and c.block_n <= max(32, _ceil_pow2(plan.n))
-            and c.block_k <= max(32, _ceil_pow2(plan.k))]
-
-
-def _ceil_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
+    return [c for c in _CONFIGS if c.block_m <= max(16, ceil_pow2(plan.m)) and c.block_n <= max(32, ceil_pow2(plan.n))
+            and c.block_k <= max(32, ceil_pow2(plan.k))]
 
 
 def supports(plan) -> bool:
@@ -135,145 +131,22 @@ def grid(plan, config: TileConfig) -> int:
 
 
 def jit_function(plan, config: TileConfig, *, cache_dir: str | None = None):
-    """The kernel as a @triton.jit function, from a module file of its own (Triton reads a kernel's source)."""
+    """The kernel as a @triton.jit function (what Triton's interpreter runs on a CPU)."""
     name = kernel_name(plan, config)
-    folder = cache_dir or os.path.join(tempfile.gettempdir(), "tunekit-triton-src")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.py")
-    source = kernel_source(plan, config, name)
-    if not os.path.isfile(path) or open(path).read() != source:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return jit_function_of(name, kernel_source(plan, config, name), cache_dir=cache_dir)
 
 
-@dataclasses.dataclass(frozen=True)
-class CompiledGemm:
-    name: str
-    cubin: bytes
-    threads: int
-    shared_bytes: int
-    grid: int
-    params: int       # the kernel's parameters in its PTX (Triton >= 3.3 adds scratch pointers after ours)
-    pointers: int     # ours: a, b, the epilogue's operands, out
-
-
-def compile_gemm(plan, config: TileConfig, *, arch: int) -> CompiledGemm:
+def compile_gemm(plan, config: TileConfig, *, arch: int) -> CompiledKernel:
     """The kernel compiled for sm_<arch> (e.g. 90): Triton's own ptxas, no GPU needed."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    fn = jit_function(plan, config)
+    name = kernel_name(plan, config)
     dtypes = [plan.in_dtype, plan.in_dtype, *[o.dtype for o in plan.operands], plan.out_dtype]
-    signature = {arg: _TRITON_POINTER[dtype] for arg, dtype in zip(fn.arg_names, dtypes)}
-    # TVM's allocations are 64-byte aligned: say so, so Triton vectorizes its loads and stores
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(signature))}
-    source = triton.compiler.ASTSource(fn=fn, signature=signature, attrs=attrs)
-    compiled = triton.compiler.compile(source, target=GPUTarget("cuda", arch, 32),
-                                       options={"num_warps": config.warps, "num_stages": config.stages})
-    if compiled.metadata.num_ctas != 1:
-        raise ValueError("a Triton kernel of more than one CTA per cluster cannot be called from TVM")
-    params = _ptx_params(compiled.asm["ptx"], compiled.name)
-    return CompiledGemm(name=compiled.name, cubin=bytes(compiled.asm["cubin"]),
-                        threads=compiled.metadata.num_warps * 32, shared_bytes=int(compiled.metadata.shared),
-                        grid=grid(plan, config), params=params, pointers=len(signature))
+    return compile_source(name, kernel_source(plan, config, name), [_TRITON_POINTER[t] for t in dtypes],
+                          warps=config.warps, stages=config.stages, arch=arch, grid=grid(plan, config))
 
 
-def _ptx_params(ptx: str, name: str) -> int:
-    found = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
-    if found is None:
-        raise ValueError(f"kernel {name} not found in its PTX")
-    return len(re.findall(r"\.param\s", found.group(1)))
-
-
-def device_module(kernel: CompiledGemm):
-    """A TVM CUDA module holding the kernel's cubin, its launch read from the call's last arguments."""
-    import tvm_ffi
-
-    arg_types = ["handle"] * kernel.pointers + ["int64"] * (kernel.params - kernel.pointers)
-    tags = ["threadIdx.x", "blockIdx.x"] + (["tirx.use_dyn_shared_memory"] if kernel.shared_bytes else [])
-    metadata = json.dumps({"tvm_version": _tvm_version(), "func_info": {
-        kernel.name: {"name": "", "arg_types": arg_types, "launch_param_tags": tags}}})
-    functions = tvm_ffi.get_global_func("runtime.LoadMetaDataFromJSON")(metadata)
-    return tvm_ffi.get_global_func("ffi.Module.create.cuda")(kernel.cubin, "cubin", functions, {})
-
-
-def _tvm_version() -> str:
-    import tvm
-
-    return tvm.__version__
-
-
-def launching_func(func, plan, kernel: CompiledGemm):
+def launching_func(func, plan, kernel: CompiledKernel):
     """`func` (the task's PrimFunc) with a body that launches `kernel` on its parameters' data."""
-    import tvm
-    from tvm import tirx
-
     params = list(func.params)
     pointers = [params[plan.a].data, params[plan.b].data, *[params[o.param].data for o in plan.operands],
                 params[plan.out].data]
-    scratch = [tvm.tirx.IntImm("int64", 0)] * (kernel.params - kernel.pointers)  # Triton's unused scratch
-    launch = [kernel.threads, kernel.grid] + ([kernel.shared_bytes] if kernel.shared_bytes else [])
-    call = tirx.call_packed(kernel.name, *pointers, *scratch, *[tvm.tirx.IntImm("int32", x) for x in launch])
-    # op_pattern 8 (kOpaque): the Relax build's FuseOps must not fuse a call to it with its neighbours (FuseTIR takes
-    # only functions whose body is a block)
-    return func.with_body(tirx.Evaluate(call)).with_attrs({"tirx.is_scheduled": True, "tunekit.kernel": KIND,
-                                                           "op_pattern": 8})
-
-
-def build_candidate(func, reference, config_name: str, target, artifact_dir: str) -> str:
-    """In a build worker: the task `func` as the Triton kernel of `config_name`, exported to a shared library in
-    `artifact_dir` whose `main` launches it, beside `reference` (the task's own kernel, scheduled) under the name the
-    runner checks a candidate against (clients.session_runner.REFERENCE). Returns the library's path."""
-    import tempfile
-
-    import tvm
-    from tvm.driver import build as tvm_build
-
-    from ..clients.session_runner import REFERENCE
-    from .gemm_plan import plan_of
-
-    plan = plan_of(func)
-    if not supports(plan):
-        raise ValueError("the task has no Triton GEMM plan")
-    kernel = compile_gemm(plan, TileConfig.from_name(config_name), arch=arch_of(target))
-    mod = tvm.IRModule({"main": launching_func(func, plan, kernel).with_attr("global_symbol", "main"),
-                        REFERENCE: reference.with_attr("global_symbol", REFERENCE)})
-    lib = tvm_build(mod, target=target)
-    lib.import_module(device_module(kernel))
-    fd, path = tempfile.mkstemp(prefix=f"{KIND}-", suffix=".so", dir=artifact_dir)
-    os.close(fd)
-    lib.export_library(path)
-    return path
-
-
-def arch_of(target) -> int:
-    """The compute capability of a CUDA target as Triton takes it (sm_90 -> 90)."""
-    arch = str(target.attrs.get("arch", ""))
-    found = re.fullmatch(r"sm_(\d+)a?", arch)
-    if found is None:
-        raise ValueError(f"not a CUDA target with an sm_ architecture: {target}")
-    return int(found.group(1))
-
-
-def with_triton_kernels(mod, choices: dict, *, target):
-    """`mod` (a prepared module) with the GEMM tasks of `choices` ({workload key: TileConfig}) computed by their
-    Triton kernels, compiled for `target`. Returns (module, the keys replaced)."""
-    from .gemm_plan import plan_of
-    from .in_module import replace_tasks
-
-    def replacement(key: str, func):
-        if key not in choices:
-            return None
-        plan = plan_of(func)
-        if not supports(plan):
-            raise ValueError(f"task {key} has no Triton GEMM plan")
-        kernel = compile_gemm(plan, choices[key], arch=arch_of(target))
-        return launching_func(func, plan, kernel), device_module(kernel)
-
-    return replace_tasks(mod, replacement)
+    return launching_call(func, pointers, kernel, kind=KIND)

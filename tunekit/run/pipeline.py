@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..config import TuneConfig
 from ..errors import RunFailed, error_line
+from ..kernels.candidates import HANDWRITTEN
 from ..results import TuneResult
 from ..servers.latency import LatencyFailed
 from ..shares.share import Share
@@ -262,9 +263,10 @@ class Pipeline:
         """Rows whose kernel of another kind was left out of the build take the kind the build has, and say why."""
         why = self._kernels_off.get(job.label)
         for row in tasks if why else []:
-            if row.get("kernel") not in (None, "metaschedule", "default"):
+            if row.get("kernel") not in (None, "metaschedule", "default", HANDWRITTEN):
                 row["kernel_left_out"] = why
-                row["kernel"] = "metaschedule" if row.get("record_applied") else "default"
+                row["kernel"] = HANDWRITTEN if "handwritten_us" in row else \
+                    "metaschedule" if row.get("record_applied") else "default"
 
     def _bound(self, job: ShareJob) -> numerics.Bound:
         return numerics.bound_for(job.precision, **self._bound_overrides())
@@ -431,7 +433,7 @@ class Pipeline:
         return os.path.join(self.out, untuned_artifact_name(None if len(self.shares) == 1 else job.label))
 
     def _records_to_apply(self, job: ShareJob, outcome):
-        from ..clients.compiler import kernels_worth_applying, records_worth_applying
+        from ..clients.compiler import fused_kernel_rows, kernels_worth_applying, records_worth_applying
         from ..records.baselines import write_baselines
 
         from ..clients.task_faults import applied_fault
@@ -446,6 +448,8 @@ class Pipeline:
                 row["record_applied"] = applied[row["workload_hash"]]
             kernel = kernels.get(row.get("workload_hash"))
             row["kernel"] = kernel.kind if kernel else "metaschedule" if row.get("record_applied") else "default"
+        outcome.extra["fused_kernels"] = fused_kernel_rows(job.db_dir, kernels,
+                                                           {row.get("workload_hash") for row in outcome.tasks})
         return records
 
     def _without_broken_records(self, job: ShareJob, session: ShareSession, outcome, records, refused):
@@ -488,7 +492,8 @@ class Pipeline:
         """The tuned model refused with kernels of another kind in it: the model without them, measured, or None
         where it had none or is refused too (then the records are looked at, _without_broken_records)."""
         if job.label in self._kernels_off or not any(
-                row.get("kernel") not in (None, "metaschedule", "default") for row in outcome.tasks):
+                row.get("kernel") not in (None, "metaschedule", "default", HANDWRITTEN)
+                for row in outcome.tasks + outcome.extra.get("fused_kernels", [])):
             return None
         self._leave_kernels_out(job, f"the model with them was refused: {str(refused).splitlines()[0][:300]}")
         try:
@@ -541,7 +546,7 @@ class Pipeline:
             if tuned is None:
                 records = self._without_broken_records(job, session, outcome, records, refused)
                 tuned = self._measure(job, session, path=artifact, database=records, what="the tuned model")
-        self._kernel_rows(job, outcome.tasks)
+        self._kernel_rows(job, outcome.tasks + outcome.extra.get("fused_kernels", []))
         from ..frontend.precision import fp32_kept, skipped_steps
         from .efficiency import annotate_efficiency
 
