@@ -25,7 +25,9 @@ class Engine(Protocol):
     name: str
 
     def tune(self, *, tasks, target, database, work_dir: str, measurement: Measurement, config: TuneConfig,
-             progress, records_dir: str | None = None) -> TuningOutcome:
+             progress, records_dir: str | None = None, fused_tasks: list | None = None) -> TuningOutcome:
+        """`fused_tasks`: tasks built as they are (fused attention); an engine may try kernels of another kind for
+        them (the tunekit engine does: clients.kernel_trials)."""
         ...
 
     @staticmethod

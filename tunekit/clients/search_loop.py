@@ -130,6 +130,8 @@ class SearchRequest:
     # {share label: its database dir} of every share: GEMM tasks also try Triton kernels, kept in each share's kernel
     # records (clients.kernel_trials). Empty: MetaSchedule's kernels only.
     records_dirs: dict = field(default_factory=dict)
+    # the tasks built as they are (fused attention, never searched) whose kernels of another kind are tried too
+    fused_tasks: list = field(default_factory=list)
 
 
 @dataclass
@@ -769,7 +771,7 @@ class SearchLoop:
         t = time.perf_counter()
         searched = len(self.tasks)
         try:
-            fused = scheduled_tasks(self.req.extracted_tasks, first_index=searched)
+            fused = scheduled_tasks(self.req.fused_tasks, first_index=searched)
             best = try_kernels(
                 self.tasks + fused, target=self.req.target, builder=self.builder, results_by_share=self._results_by_share,
                 run=lambda task, inputs: self.runner.run(inputs) if task.index >= searched else self._run(task, inputs),

@@ -9,6 +9,8 @@ The pipeline never knows which (as Kernel Tuner's strategies never know their ru
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ class ShareJob:
     out: str            # the run's out dir
     precision: str = "fp32"  # what the prepared module computes in (frontend.precision)
     task_shares: dict | None = None  # a fleet's {task name: the shares whose models have it}; None: every share
+    # the tasks built as they are (fused attention) whose kernels of another kind are tried (clients.kernel_trials)
+    fused_tasks: list = dataclasses.field(default_factory=list)
 
     @property
     def label(self) -> str:

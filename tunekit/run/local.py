@@ -117,13 +117,15 @@ class LocalExecutor:
                 first = group[0]
                 outcomes = self.engine.tune_shares(tasks=first.tasks, target=first.target, shares=shares,
                                                    work_dir=first.work_dir, config=self.config, progress=progress,
-                                                   task_shares=first.task_shares, **started)
+                                                   task_shares=first.task_shares, fused_tasks=first.fused_tasks,
+                                                   **started)
             else:
                 job, share = group[0], shares[0]
                 outcomes = {job.label: self.engine.tune(tasks=job.tasks, target=job.target, database=share.database,
                                                         work_dir=job.work_dir, measurement=share.measurement,
                                                         config=self.config, progress=progress,
-                                                        records_dir=job.db_dir, **started)}
+                                                        records_dir=job.db_dir, fused_tasks=job.fused_tasks,
+                                                        **started)}
             for label, (fleet, _) in fleets.items():
                 outcomes[label].server_restarts = fleet.restarts
                 outcomes[label].faults = {**fleet.fault_counts(), **outcomes[label].faults}

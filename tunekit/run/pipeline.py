@@ -87,7 +87,8 @@ class Pipeline:
                 prepared, precision = ahead or prepare(loaded.mod, target, precision=wanted)
                 prepared_for[key] = (prepared, extract_tasks(prepared, target), precision)
             prepared, tasks, precision = prepared_for[key]
-            jobs.append(ShareJob(share, target, prepared, _unscheduled(tasks), db_dir, self.out, precision=precision))
+            jobs.append(ShareJob(share, target, prepared, _unscheduled(tasks), db_dir, self.out, precision=precision,
+                                 fused_tasks=_scheduled(tasks)))
             log.info("%s: %d tuning tasks in %s, %d trials at %s", loaded.name, len(jobs[-1].tasks), precision,
                      self.config.trials, share.label)
         return jobs
@@ -197,6 +198,7 @@ class Pipeline:
         """`job` takes `fallen`'s fp32 module and tasks (prepared once for the group)."""
         log.warning("precision auto: %s fell back to fp32; tuning %s in fp32 too", fallen.label, job.label)
         job.prepared, job.precision, job.tasks = fallen.prepared, fallen.precision, list(fallen.tasks)
+        job.fused_tasks = list(fallen.fused_tasks)
         self.precision_fallbacks[job.label] = f"{self.precision_fallbacks[fallen.label]} (at {fallen.label})"
         self.check_identity(job, loaded, resume=False)
 
@@ -207,7 +209,8 @@ class Pipeline:
         from ..frontend.tasks import extract_tasks
 
         job.prepared, job.precision = prepare(loaded.mod, job.target, precision="fp32")
-        job.tasks = _unscheduled(extract_tasks(job.prepared, job.target))
+        tasks = extract_tasks(job.prepared, job.target)
+        job.tasks, job.fused_tasks = _unscheduled(tasks), _scheduled(tasks)
         self.check_identity(job, loaded, resume=False)  # no trials yet: the identity is rewritten as fp32
 
     def _precision_for(self, db_dir: str) -> str:
@@ -614,6 +617,13 @@ class Pipeline:
 def _tensor_core_counts(tasks: list[dict]) -> dict:
     return {"tasks": len(tasks), "tasks_tensorized": sum(1 for t in tasks if t.get("best_tensorized")),
             "candidates_tensorized": sum(t.get("tensorized_trials", 0) for t in tasks)}
+
+
+def _scheduled(tasks: list) -> list:
+    """The tasks built as they are (fused attention): never searched, but kernels of another kind may beat them."""
+    from ..frontend.tasks import already_scheduled
+
+    return [t for t in tasks if already_scheduled(t)]
 
 
 def _unscheduled(tasks: list) -> list:
