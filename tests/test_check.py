@@ -144,3 +144,18 @@ def test_a_dense_layers_gemm_gets_triton_kernels_that_compile_for_hopper_without
     assert len(gemms) == 1 and len(result.tasks) > 1 and gemms[0].triton_error is None
     assert result.triton_tasks == 1 and "1 with Triton kernels" in result.summary()
     assert result.to_dict()["triton_tasks"] == 1
+
+
+def test_a_fused_attentions_triton_kernel_is_counted_by_the_check_without_a_gpu(tmp_path):
+    """A long attention (sequence 300: the key-tiled hand-written kernel) checked for sm_90: the fused kernel is
+    hand-written, and its first Triton flash configuration compiles here, so a tune will try them (triton_tasks)."""
+    pytest.importorskip("triton")
+    from test_attention import _attention_onnx
+
+    from tunekit.readiness import check, gpu_arch_target
+
+    result = check(_attention_onnx(str(tmp_path / "a.onnx"), seq=300, dim=64), target=gpu_arch_target("sm_90"))
+    assert result.scheduled_tasks == 1 and len(result.scheduled_checks) == 1, result.report_lines()
+    fused = result.scheduled_checks[0]
+    assert fused.triton_configs >= 6 and fused.triton_error is None and result.triton_tasks >= 1
+    assert result.to_dict()["scheduled_checks"][0]["triton_configs"] == fused.triton_configs

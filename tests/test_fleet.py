@@ -73,6 +73,45 @@ def test_the_fleets_tasks_are_each_workload_once_weighted_by_model_weight_and_co
     assert member_names([FleetModel(model="x/a.onnx"), FleetModel(model="y/a.onnx")]) == ["a", "a-2"]
 
 
+def test_a_fleets_fused_attentions_are_tried_once_and_each_model_is_handed_their_kernel_records(tmp_path):
+    """Two models with the same fused attention (and one with another): the fleet's search tries each once
+    (ShareJob.fused_tasks), and each model's records take the kernel records of its own (fused_keys, write_subset)."""
+    import sys
+
+    from tvm.target import Target
+
+    from tunekit.frontend.precision import prepare
+    from tunekit.frontend.tasks import already_scheduled, extract_tasks
+    from tunekit.kernels.in_module import task_key
+    from tunekit.records import kernel_records
+    from tunekit.records.kernel_records import KernelRecord
+    from tunekit.records.subset import write_subset
+    from tunekit.run.fleet import merge_fused
+    from tunekit.run.session import load_model
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_attention import _attention_onnx
+
+    target = Target("nvidia/nvidia-h100")
+
+    class Member:  # what merge_fused reads of a fleet member: its share job's fused tasks
+        def __init__(self, seq):
+            prepared, _ = prepare(load_model(_attention_onnx(str(tmp_path / f"a{seq}.onnx"), seq=seq, dim=64)).mod,
+                                  target, precision="fp16")
+            self.job = type("Job", (), {"fused_tasks": [t for t in extract_tasks(prepared, target)
+                                                        if already_scheduled(t)]})()
+
+    a, b, c = Member(200), Member(200), Member(300)
+    merged = merge_fused([a, b, c])
+    assert len(merged) == 2 and a.fused_keys == b.fused_keys and len(a.fused_keys | c.fused_keys) == 2
+    fleet_dir, own_dir = str(tmp_path / "fleet"), str(tmp_path / "own")
+    for key in a.fused_keys | c.fused_keys:
+        kernel_records.append(fleet_dir, KernelRecord(key, "handwritten", "handwritten", (1e-5,), True))
+    assert task_key(merged[0].dispatched[0]["main"]) in a.fused_keys | c.fused_keys
+    write_subset(fleet_dir, own_dir, set(a.fused_keys))
+    assert {r.workload for r in kernel_records.read(own_dir)} == a.fused_keys
+
+
 @pytest.mark.e2e
 def test_a_fleet_searches_a_shared_workload_once_and_a_failing_model_stops_no_other(pair, tmp_path):
     """tunekit tune fleet.yaml: the shared workloads are searched once into the fleet's records, each model's

@@ -43,6 +43,7 @@ class CheckResult:
     precision: str | None        # what the model was prepared in (None: it could not be)
     tasks: list[TaskCheck] = field(default_factory=list)
     scheduled_tasks: int = 0     # hand-written kernels: built as they are, never searched
+    scheduled_checks: list[TaskCheck] = field(default_factory=list)  # those a tune tries Triton kernels for
     untuned_build: str = "skipped"  # ok | failed | skipped (not run: NVRTC missing, or nothing to build)
     untuned_build_detail: str = ""
     problems: list[str] = field(default_factory=list)  # one line each; none: it tunes as asked
@@ -60,8 +61,9 @@ class CheckResult:
 
     @property
     def triton_tasks(self) -> int:
-        """Tasks whose Triton kernel compiled for the target here (a tune measures each of their configurations)."""
-        return sum(bool(t.triton_configs) and t.triton_error is None for t in self.tasks)
+        """Tasks whose Triton kernel compiled for the target here (a tune measures each of their configurations),
+        the fused attentions' among them."""
+        return sum(bool(t.triton_configs) and t.triton_error is None for t in self.tasks + self.scheduled_checks)
 
     @property
     def fallback_tasks(self) -> list[str]:
@@ -93,7 +95,7 @@ class CheckResult:
         kept = [f"precision: fp16, {len(self.fp32_kept)} binding(s) kept in fp32: {'; '.join(self.fp32_kept[:3])}"] \
             if self.fp32_kept else []
         triton = [f"task {t.name}: its Triton kernel does not compile here ({t.triton_error}); MetaSchedule's kernels only"
-                  for t in self.tasks if t.triton_error]
+                  for t in self.tasks + self.scheduled_checks if t.triton_error]
         return [*self.problems, *kept, *skipped, *triton, self.summary()]
 
 
@@ -169,6 +171,11 @@ def _searched_tasks(prepared, target, result: CheckResult) -> list:
         return []
     searched = [t for t in tasks if not already_scheduled(t)]
     result.scheduled_tasks = len(tasks) - len(searched)
+    for task in tasks:  # a fused attention: its Triton kernels are tried beside it (kernels.candidates)
+        found = _triton_check(task.dispatched[0]["main"], target) if already_scheduled(task) else {}
+        if found:
+            result.scheduled_checks.append(TaskCheck(name=str(task.task_name), weight=float(task.weight), spaces=0,
+                                                     tensorized=False, **found))
     return searched
 
 
@@ -217,24 +224,24 @@ def _task_checks(tasks: list, target, progress) -> list[TaskCheck]:
 
 
 def _triton_check(func, target) -> dict:
-    """A GEMM task's Triton configurations, its first compiled for the target's architecture (Triton's own ptxas,
-    no GPU): TaskCheck's triton fields. Nothing for another task, a CPU target, or without Triton."""
+    """A GEMM's or fused attention's Triton configurations, its first compiled for the target's architecture
+    (Triton's own ptxas, no GPU): TaskCheck's triton fields. Nothing for another task, a CPU target, or without
+    Triton."""
     import importlib.util
 
     if target.kind.name != "cuda" or importlib.util.find_spec("triton") is None:
         return {}
-    from .kernels.gemm_plan import plan_of
-    from .kernels.triton_gemm import arch_of, compile_gemm, supports, tile_configs
+    from .kernels.candidates import compile_kernel, configs_of
+    from .kernels.triton_compile import arch_of
 
     try:
-        plan = plan_of(func)
-    except Exception:  # the planner cannot read it: no GEMM to it
+        configs = configs_of(func)
+    except Exception:  # the planners cannot read it: no kernel of another kind for it
         return {}
-    configs = tile_configs(plan) if supports(plan) else []
     if not configs:
         return {}
     try:
-        compile_gemm(plan, configs[0], arch=arch_of(target))
+        compile_kernel(func, configs[0], arch=arch_of(target))
     except Exception as exc:
         return {"triton_configs": len(configs), "triton_error": _first_line(exc)}
     return {"triton_configs": len(configs)}

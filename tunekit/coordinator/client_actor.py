@@ -116,9 +116,11 @@ class TuningClientImpl:
         self._setup()
 
     def tune(self, *, tasks: list[dict], budgets: list[int], pool, improving_only: bool = True,
-             measure_untuned: bool = True, resume_counts: bool = False, time_budget_s: float | None = None) -> dict:
+             measure_untuned: bool = True, resume_counts: bool = False, time_budget_s: float | None = None,
+             fused: list[dict] | None = None) -> dict:
         """Tune `tasks` (name, mod JSON, weight) within `budgets`; unused trials go to `pool`. `time_budget_s`: what
-        is left of the run's --time-budget (a leftover round, a restarted client), else the config's."""
+        is left of the run's --time-budget (a leftover round, a restarted client), else the config's. `fused`:
+        tasks built as they are (fused attention) whose kernels of another kind this client tries."""
         import dataclasses
 
         from ..clients import warm_start
@@ -134,7 +136,8 @@ class TuningClientImpl:
             work_dir=os.path.join(self.work_dir, f"client-{self.client_id}"), measure_untuned=measure_untuned, task_budgets=budgets, pool=RemotePool(pool) if pool is not None else None,
             known_database=self.known, count_existing=resume_counts, improving_only=improving_only,
             tag={"client": self.client_id}, warm_start=warm_start.open_sources(self.config.warm_start),
-            records_dirs={self.share_label: self.shard_dir}))  # kernels of another kind: merged with the shard
+            records_dirs={self.share_label: self.shard_dir},  # kernels of another kind: merged with the shard
+            fused_tasks=_tasks_from_json(fused or [], self.target)))
         result = dataclasses.asdict(outcome)
         result["hung_candidates"] = self.engine.runner.hangs
         # seconds per candidate inside this client's build workers, by phase: whether a busier machine slows the

@@ -443,7 +443,9 @@ class RayExecutor:
                                               # a client left idle until the others are done is what the reserve
                                               # is there to prevent
                                               improving_only=not run.reserve,
-                                              resume_counts=resume, time_budget_s=self._time_left(run) if resume else None)
+                                              resume_counts=resume, time_budget_s=self._time_left(run) if resume else None,
+                                              # the fused attentions' kernel trials: one client's, into its shard
+                                              fused=[_task_spec(t) for t in run.job.fused_tasks] if shard == 0 else [])
 
     def _time_left(self, run: _ShareRun) -> float | None:
         """What is left of --time-budget since the share's clients started (None: no time budget): every call of

@@ -29,11 +29,11 @@ def needs_baseline(func) -> bool:
     return triton_attention.spec_of(func) is not None
 
 
-def compiled_launch(func, config_name: str, *, arch: int):
-    """(launching PrimFunc, device module) of `func` as the Triton kernel of `config_name`."""
+def compile_kernel(func, config_name: str, *, arch: int):
+    """(the kernel of `config_name` for the task `func`, compiled for sm_<arch>, no GPU needed; its launching
+    PrimFunc)."""
     from . import triton_attention, triton_gemm
     from .gemm_plan import plan_of
-    from .triton_compile import device_module
 
     if config_name.startswith("attn_"):
         spec = triton_attention.spec_of(func)
@@ -41,12 +41,21 @@ def compiled_launch(func, config_name: str, *, arch: int):
             raise ValueError("the task is no fused attention Triton can compute")
         kernel = triton_attention.compile_attention(spec, triton_attention.AttentionConfig.from_name(config_name),
                                                     arch=arch)
-        return triton_attention.launching_func(func, kernel), device_module(kernel)
+        return kernel, triton_attention.launching_func(func, kernel)
     plan = plan_of(func)
     if not triton_gemm.supports(plan):
         raise ValueError("the task has no Triton GEMM plan")
     kernel = triton_gemm.compile_gemm(plan, triton_gemm.TileConfig.from_name(config_name), arch=arch)
-    return triton_gemm.launching_func(func, plan, kernel), device_module(kernel)
+    return kernel, triton_gemm.launching_func(func, plan, kernel)
+
+
+def compiled_launch(func, config_name: str, *, arch: int):
+    """(launching PrimFunc, device module) of `func` as the Triton kernel of `config_name` (needs TVM's CUDA
+    runtime)."""
+    from .triton_compile import device_module
+
+    kernel, launching = compile_kernel(func, config_name, arch=arch)
+    return launching, device_module(kernel)
 
 
 def build_candidate(func, reference, config_name: str, target, artifact_dir: str) -> str:

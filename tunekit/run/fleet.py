@@ -53,6 +53,7 @@ class _Member:
     loaded: object = None
     job: ShareJob | None = None
     keys: dict = dataclasses.field(default_factory=dict)  # workload key -> (its task name, its weight here)
+    fused_keys: set = dataclasses.field(default_factory=set)  # its fused attentions' workload keys
     untuned_build: concurrent.futures.Future | None = None  # started once the member is prepared
     untuned: object = None
     result: TuneResult | None = None
@@ -231,6 +232,7 @@ def _plan(group: list[ShareJob], members: list[_Member], executor) -> list:
     every_share = executor.measures_every_share(group)
     for job in group:
         job.tasks = merge_tasks([m for m in members if every_share or m.job.label == job.label], target=job.target)
+        job.fused_tasks = merge_fused([m for m in members if every_share or m.job.label == job.label])
     if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
         wanted = task_shares(group[0].tasks, members)
         for job in group:
@@ -275,6 +277,21 @@ def merge_tasks(members: list[_Member], *, target) -> list:
     return tasks
 
 
+def merge_fused(members: list[_Member]) -> list:
+    """Every fused attention of the members once (their kernels of another kind are tried once); fills each member's
+    `fused_keys`, whose kernel records it is handed."""
+    from ..kernels.in_module import task_key
+
+    merged = {}
+    for member in members:
+        member.fused_keys = set()
+        for task in member.job.fused_tasks:
+            key = task_key(task.dispatched[0]["main"])
+            member.fused_keys.add(key)
+            merged.setdefault(key, task)
+    return list(merged.values())
+
+
 def task_shares(tasks: list, members: list[_Member]) -> dict[str, set[str]]:
     """{merged task name: the share labels of the members that have its workload} (members' `keys` filled)."""
     from ..records.baselines import workload_key
@@ -289,7 +306,7 @@ def _build_ahead(member: _Member, job: ShareJob, outcome, members: list[_Member]
     from ..records.subset import write_subset
 
     try:
-        write_subset(job.db_dir, member.job.db_dir, set(member.keys))
+        write_subset(job.db_dir, member.job.db_dir, set(member.keys) | member.fused_keys)
         own = model_outcome(outcome, member, members, job)
         member.pipeline.build_tuned_ahead(member.job, member.loaded, own, pool=pool)
         return own
