@@ -9,9 +9,13 @@ median of `--repeat`). Needs a GPU.
 
   python benchmarks/attention_kernel.py --gpu-pct 40,100 [--heads 12 --seq 128 --dim 64] [--json F]
   python benchmarks/attention_kernel.py --gpu-pct 40 --seq 197      # ViT-B/16: the key-tiled body
+
+Beside the hand-written bodies, each Triton flash configuration a tune measures (kernels.triton_attention; Triton
+installed), unless --no-triton.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -66,6 +70,38 @@ def worker(args) -> None:
                           "min_us": round(secs[0] * 1e6, 3), "blocks": shape.query_tiles * spec.heads,
                           "threads": shape.threads, "shared_bytes": shape.shared_bytes, "key_tile": shape.key_tile,
                           "max_abs_err": float(np.abs(got - want).max()), "sm_count": dev.multi_processor_count}))
+    if args.triton and not args.no_triton:
+        _triton_rows(spec, target, (qkv, mask, out), want, args)
+
+
+def _triton_rows(spec, target, arrays, want, args) -> None:
+    """Each Triton flash configuration (kernels.triton_attention) a tune measures for this attention, timed the same
+    way: one JSON line each."""
+    import numpy as np
+    import tvm
+
+    from tunekit.frontend.attention_kernel import attention_kernel
+    from tunekit.kernels.candidates import compiled_launch, configs_of
+    from tunekit.kernels.triton_compile import arch_of
+
+    qkv, mask, out = arrays
+    dev = tvm.cuda(0)
+    func = attention_kernel(spec, key_tiles=True)
+    for name in configs_of(func):
+        try:
+            launching, device = compiled_launch(func, name, arch=arch_of(target))
+            lib = tvm.compile(tvm.IRModule({"main": launching.with_attr("global_symbol", "main")}), target=target)
+            lib.mod.import_module(device)
+            out.copyfrom(np.zeros(out.shape, "float16"))
+            secs = sorted(lib.mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(
+                qkv, qkv, qkv, mask, out).results)
+        except Exception as exc:  # a configuration that does not build or run here is a row, not the end
+            print(json.dumps({"body": f"triton {name}", "error": str(exc).splitlines()[0][:300]}))
+            continue
+        got = out.numpy().astype(np.float64).transpose(0, 2, 1, 3)
+        print(json.dumps({"body": f"triton {name}", "median_us": round(secs[len(secs) // 2] * 1e6, 3),
+                          "min_us": round(secs[0] * 1e6, 3), "max_abs_err": float(np.abs(got - want).max()),
+                          "sm_count": dev.multi_processor_count}))
 
 
 def reference(spec, qkv):
@@ -86,11 +122,14 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--no-triton", action="store_true", help="the hand-written bodies only")
+    parser.add_argument("--triton", type=int, default=1, help=argparse.SUPPRESS)  # the worker's form of it
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
     rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
-        "heads": args.heads, "seq": args.seq, "dim": args.dim, "number": args.number, "repeat": args.repeat},
+        "heads": args.heads, "seq": args.seq, "dim": args.dim, "number": args.number, "repeat": args.repeat,
+        "triton": int(not args.no_triton)},
         timeout_s=600)
     if args.json:
         with open(args.json, "w") as fh:

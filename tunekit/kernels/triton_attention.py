@@ -136,7 +136,7 @@ def kernel_source(spec, config: AttentionConfig, name: str) -> str:
         f"        key_ok = rn < {sk}",
         f"        kt = tl.load(k + {_at(spec.k, 'b', 'h', 'rn[None, :]', 'rd[:, None]')}, "
         f"mask=key_ok[None, :]{d_mask_t}, other=0.0)",
-        f"        scores = tl.dot(qt, kt) * {spec.scale!r}",
+        f"        scores = tl.dot(qt, kt) * {float(spec.scale)!r}",
         f"        scores += tl.load(mask + b * {mb} + h * {mh} + rm[:, None] * {mi} + rn[None, :] * {mj}, "
         "mask=row_ok[:, None] & key_ok[None, :], other=0.0).to(tl.float32)",
         "        scores = tl.where(key_ok[None, :], scores, float('-inf'))",
