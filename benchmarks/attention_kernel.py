@@ -90,7 +90,8 @@ def _triton_rows(spec, target, arrays, want, args) -> None:
     for name in configs_of(func):
         try:
             launching, device = compiled_launch(func, name, arch=arch_of(target))
-            lib = tvm.compile(tvm.IRModule({"main": launching.with_attr("global_symbol", "main")}), target=target)
+            with target:
+                lib = tvm.compile(tvm.IRModule({"main": launching.with_attr("global_symbol", "main")}), target=target)
             lib.mod.import_module(device)
             out.copyfrom(np.zeros(out.shape, "float16"))
             secs = sorted(lib.mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(
