@@ -5,7 +5,8 @@
 #   DRY=1 ... start                                         # print the chain only
 #   bash benchmarks/study_session.sh wait 540 [PATTERN]      # progress; everything so far comes back in $OUT
 #                                                            # (returns early once PATTERN is in the chain's log)
-# PyTorch is timed for TORCH_MODELS (default MODELS; none: not timed).
+# PyTorch is timed for TORCH_MODELS (default MODELS; none: not timed), its TORCH_VARIANTS (default graphs-fp32,graphs-fp16;
+# maxautotune-fp16: torch.compile(mode="max-autotune"), about 3 minutes a model) at TORCH_PCTS (default 40).
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu (PYTEST_ARGS: which tests, default tests/; PYTEST_S: its time limit, default 900: the
 #           11 GPU tests took more than 420 s on the H200, the stock half of test_design_spaces among them)
@@ -84,7 +85,7 @@ case "$1" in
     done
     # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
     [ -n "${DRY:-}" ] || [ -z "$TORCH_MODELS" ] || python3 benchmarks/vs_pytorch.py pytorch --models "$TORCH_MODELS" --pcts ${TORCH_PCTS:-40} \
-      --variants graphs-fp32,graphs-fp16 --work /tmp/vs --results "$R" --call-s 240 2>&1 | grep -v "^\$" | tail -3
+      --variants ${TORCH_VARIANTS:-graphs-fp32,graphs-fp16} --work /tmp/vs --results "$R" --call-s 240 2>&1 | grep -v "^\$" | tail -3
     # emit_steps STEPS: the chain's commands for those steps, for MODELS
     emit_steps() {
       for step in ${1//,/ }; do case $step in
