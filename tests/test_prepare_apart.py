@@ -3,6 +3,7 @@ prepared here, its log lines are said here, and a process that dies fails its mo
 import logging
 import os
 import signal
+import time
 
 import pytest
 
@@ -56,7 +57,10 @@ def test_a_preparation_whose_process_dies_fails_its_model_in_one_line(transforme
     target = _target()
     apart = PreparedApart(str(tmp_path / "work"))
     apart.start(name="doomed", model=transformer, input_shapes={}, target=target, precision="fp16")
-    children = _children_preparing()
+    children, deadline = _children_preparing(), time.monotonic() + 30
+    while not children and time.monotonic() < deadline:  # a busy machine: /proc may not show the exec'd command yet
+        time.sleep(0.05)
+        children = _children_preparing()
     assert children
     for pid in children:
         os.kill(pid, signal.SIGKILL)
