@@ -239,7 +239,8 @@ def test_the_time_budget_holds_for_the_whole_run_not_for_each_round_of_the_clien
                    "--trials-per-iter", "2", "--time-budget", str(budget), "--out", tmp_path / "run", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)["report"]
-    assert report["trials"]["measured"] > 0 and report["tuning_wall_s"] < 1.5 * budget, report["tuning_wall_s"]
+    # a leftover round with a fresh budget takes a second budget (>= 2x); a busy 2-core clone overshot 1.5x once
+    assert report["trials"]["measured"] > 0 and report["tuning_wall_s"] < 2 * budget, report["tuning_wall_s"]
     coord = report["coordinator"]
     assert coord["pool"]["available"] > 0 and coord["leftover_shards"] == [], coord
 
