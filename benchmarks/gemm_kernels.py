@@ -74,7 +74,8 @@ def worker(args) -> None:
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from tunekit.kernels.triton_gemm import compile_gemm, device_module, launching_func, tile_configs, arch_of
+    from tunekit.kernels.triton_compile import arch_of, device_module
+    from tunekit.kernels.triton_gemm import compile_gemm, launching_func, tile_configs
     from tunekit.run.efficiency import device_peak
     from tunekit.shares.mps import gpu_name
     from tunekit.shares.share import Share

@@ -109,7 +109,8 @@ def test_the_triton_kernel_computes_what_the_task_does(tmp_path, residual, k, ti
 def test_the_triton_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     """Triton compiles for sm_90 with its own ptxas; TVM launches it with Triton's scratch pointers as zeros."""
     pytest.importorskip("triton")
-    from tunekit.kernels.triton_gemm import TileConfig, arch_of, compile_gemm, launching_func, tile_configs
+    from tunekit.kernels.triton_compile import arch_of
+    from tunekit.kernels.triton_gemm import TileConfig, compile_gemm, launching_func, tile_configs
 
     func, plan, _ = _gemm(_dense_onnx(str(tmp_path / "d.onnx"), m=40, k=64, n=48, residual=False))
     configs = tile_configs(plan)

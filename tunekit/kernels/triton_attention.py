@@ -16,9 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 
-from .triton_compile import CompiledKernel, ceil_pow2, compile_source, launching_call
+from .triton_compile import CompiledKernel, ceil_pow2, compile_source, config_from_name, launching_call
 from .triton_compile import jit_function as jit_function_of
 
 KIND = "triton"
@@ -41,10 +40,7 @@ class AttentionConfig:
 
     @classmethod
     def from_name(cls, name: str) -> AttentionConfig:
-        found = re.fullmatch(r"attn_m(\d+)n(\d+)w(\d+)s(\d+)", name)
-        if found is None:
-            raise ValueError(f"not a Triton attention configuration: {name!r}")
-        return cls(*(int(x) for x in found.groups()))
+        return config_from_name(cls, r"attn_m(\d+)n(\d+)w(\d+)s(\d+)", name, "attention configuration")
 
 
 # Triton's fused-attention tutorial's tiles, and smaller ones for batch-1 sequences of a few hundred rows

@@ -98,6 +98,14 @@ def launching_call(func, pointers: list, kernel: CompiledKernel, *, kind: str):
                                                            "op_pattern": 8})
 
 
+def config_from_name(cls, pattern: str, name: str, what: str):
+    """A tile configuration dataclass `cls` from its name: `pattern`'s groups, in order, are its int fields."""
+    found = re.fullmatch(pattern, name)
+    if found is None:
+        raise ValueError(f"not a Triton {what}: {name!r}")
+    return cls(*(int(x) for x in found.groups()))
+
+
 def ceil_pow2(x: int) -> int:
     """The power of two at or above x: Triton's block shapes."""
     return 1 << max(0, (x - 1).bit_length())

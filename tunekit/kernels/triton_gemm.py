@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 
-from .triton_compile import CompiledKernel, ceil_pow2, compile_source, launching_call
-from .triton_compile import arch_of, device_module  # noqa: F401 (benchmarks and readiness import them from here)
+from .triton_compile import CompiledKernel, ceil_pow2, compile_source, config_from_name, launching_call
 from .triton_compile import jit_function as jit_function_of
 
 _TRITON_POINTER = {"float16": "*fp16", "float32": "*fp32", "bfloat16": "*bf16"}
@@ -38,10 +36,7 @@ class TileConfig:
 
     @classmethod
     def from_name(cls, name: str) -> TileConfig:
-        found = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)g(\d+)", name)
-        if found is None:
-            raise ValueError(f"not a Triton tile configuration: {name!r}")
-        return cls(*(int(x) for x in found.groups()))
+        return config_from_name(cls, r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)g(\d+)", name, "tile configuration")
 
 
 # Triton's matmul tutorial's configurations for Hopper and Ampere, smaller-M ones for a batch of a few rows, and
