@@ -764,8 +764,9 @@ class SearchLoop:
                         failed[0].name, failed[0].untuned_error)
 
     def _try_kernels(self, started: float) -> None:
-        """Kernels of another kind for the GEMM tasks (clients.kernel_trials), before the search: a task whose kernel
-        is already fast gets fewer of the search's trials (the scheduler follows effective_us)."""
+        """Kernels of another kind for the GEMM tasks and the fused attentions (clients.kernel_trials), before the
+        search: a task whose kernel is already fast gets fewer of the search's trials (the scheduler follows
+        effective_us)."""
         from .kernel_trials import ScheduledTask, scheduled_tasks, try_kernels
 
         t = time.perf_counter()
