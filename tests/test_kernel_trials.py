@@ -23,7 +23,7 @@ def test_a_candidate_with_a_reference_is_timed_only_when_its_output_matches(tmp_
 
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path), cuda_aot=False)
     try:
-        right, wrong, close = [pool.submit_call(checked_library, main, ref).result()
+        right, wrong, close = [pool.submit_call(checked_library, main, ref, None).result()
                                for main, ref in ((1.0, 1.0), (1.0, 2.0), (1.0, 1.001))]
     finally:
         pool.shutdown()
@@ -38,6 +38,78 @@ def test_a_candidate_with_a_reference_is_timed_only_when_its_output_matches(tmp_
     assert results[1].run_secs is None and is_wrong_output(results[1]), results[1].error_msg
     assert "argument 1" in results[1].error_msg  # B, the output; A is the same in both
     assert results[2].error_msg is None  # rounding-sized differences pass (numerics.KERNEL_BOUND)
+
+
+def test_a_candidate_that_names_its_written_arguments_is_checked_on_those_alone(tmp_path):
+    """session_runner.mark_written_args: the check compares only the arguments the candidate writes (a GEMM's weight
+    need not cross the RPC link twice); here the reference differs in B, which the candidate says it does not write.
+    The file goes with the library (callbacks.remove_artifact)."""
+    import os
+
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from tunekit.clients.callbacks import remove_artifact
+    from tunekit.clients.session_runner import written_args_path
+
+    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path), cuda_aot=False)
+    try:
+        only_a, only_b = [pool.submit_call(checked_library, 1.0, 2.0, w).result() for w in ([0], [1])]
+    finally:
+        pool.shutdown()
+    args = [TensorInfo("float32", [256]), TensorInfo("float32", [256])]
+    with local_fleet("t-written") as fleet:
+        runner = session_runner(fleet)
+        try:
+            results = [f.result() for f in runner.run([RunnerInput(p, "cpu", args) for p in (only_a, only_b)])]
+        finally:
+            runner.shutdown()
+    assert results[0].error_msg is None and min(results[0].run_secs) > 0
+    assert is_wrong_output(results[1]) and "argument 1" in results[1].error_msg
+    assert os.path.exists(written_args_path(only_a))
+    remove_artifact(only_a)
+    assert not os.path.exists(only_a) and not os.path.exists(written_args_path(only_a))
+
+
+def test_kernel_candidates_are_measured_a_few_at_a_time_and_none_is_sent_once_the_time_is_out(tmp_path):
+    """kernel_trials.measure_in_order: a run is sent only once all but AHEAD of the earlier ones came back, so a
+    time budget that runs out leaves no queue of measurements behind it; builds past it are not sent."""
+    from tvm import te
+
+    from tunekit.clients.kernel_trials import AHEAD, KernelTrial, measure_in_order
+
+    a = te.placeholder((256,), name="A")
+    func = te.create_prim_func([a, te.compute((256,), lambda i: a[i] + 1.0, name="B")])
+    pool = BuildPool(workers=2, timeout_s=60, artifact_dir=str(tmp_path), cuda_aot=False)
+    sent, outstanding, most, outcomes = [], [0], [0], []
+    try:
+        builds = [(KernelTrial(None, "w", f"c{i}", func), pool.submit_call(checked_library, 1.0, 1.0, None))
+                  for i in range(8)]
+        for _, build in builds:
+            build.result()  # every library ready before the first is sent: a queue would form at once
+        with local_fleet("t-ahead") as fleet:
+            runner = session_runner(fleet)
+
+            def run(task, inputs):
+                sent.append(inputs[0].artifact_path)
+                outstanding[0] += 1
+                most[0] = max(most[0], outstanding[0])
+                return runner.run(inputs)
+
+            def on_result(done, trial, future):
+                outstanding[0] -= 1
+                outcomes.append((done, trial.config, future.result().error_msg))
+
+            try:
+                taken = measure_in_order(builds, device_type="cpu", run=run, on_result=on_result,
+                                         out_of_time=lambda: len(outcomes) >= 3)
+            finally:
+                runner.shutdown()
+    finally:
+        pool.shutdown()
+    assert most[0] == AHEAD + 1  # never all eight at once
+    assert [c for _, c, _ in outcomes] == [f"c{i}" for i in range(taken)] and all(e is None for _, _, e in outcomes)
+    assert 3 <= taken <= 3 + AHEAD and len(sent) == taken  # the rest never reached the runner
 
 
 def _contexts(path: str, tmp_path):

@@ -9,9 +9,14 @@ from ..records.tuning_database import commit_durably
 
 
 def remove_artifact(path) -> None:
-    """A built candidate's library is not needed once it has been measured (or failed)."""
-    if path and os.path.exists(str(path)):
-        os.remove(str(path))
+    """A built candidate's library (and what its check reads beside it) is not needed once it has been measured (or
+    failed)."""
+    from .session_runner import written_args_path
+
+    if path:
+        for name in (str(path), written_args_path(path)):
+            if os.path.exists(name):
+                os.remove(name)
 
 
 def run_secs_of(result) -> list[float]:

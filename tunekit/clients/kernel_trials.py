@@ -55,7 +55,7 @@ def kind_of(config: str) -> str:
 
 
 @dataclass
-class _Trial:
+class KernelTrial:
     task: object      # the search loop's TaskState
     workload: str
     config: str
@@ -73,7 +73,7 @@ def available(target) -> bool:
         tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is not None
 
 
-def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_Trial]:
+def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[KernelTrial]:
     """The candidates of `tasks` (TaskStates, ScheduledTasks) not yet in every share's kernel records."""
     from ..kernels.candidates import HANDWRITTEN, configs_of, needs_baseline
     from ..records.baselines import workload_key
@@ -94,7 +94,7 @@ def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[_T
         if names and needs_baseline(func):
             names = [HANDWRITTEN, *names]
         key = workload_key(task.ctx.mod)
-        trials += [_Trial(task, key, name, func) for name in names
+        trials += [KernelTrial(task, key, name, func) for name in names
                    if not all((key, kind_of(name), name) in d for d in done)]
     return trials
 
@@ -107,9 +107,6 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
     `run(task, runner_inputs)`: the runner's futures at the shares that want the task; `results_by_share(future)`:
     {share label: RunnerResult}. Returns {share label: {task index: its fastest kernel whose output was right}},
     from this call's records and earlier ones."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
-
     from ..kernels.candidates import build_candidate
     from . import callbacks
     from .session_runner import is_not_measured
@@ -127,24 +124,10 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
             references[index] = reference_of(trial.task)
         builds.append((trial, builder.submit_call(build_candidate, trial.func, references[index], trial.config,
                                                   target)))
-    measured = []
     if builds and on_progress is not None:
         on_progress(0, len(builds))
-    for trial, future in builds:
-        if out_of_time():  # the time budget ran out: the rest are neither measured nor recorded
-            if future.done() and future.exception() is None:
-                callbacks.remove_artifact(future.result())
-            future.cancel()
-            continue
-        try:
-            trial.path = future.result()
-        except Exception as exc:  # the worker's exception, a timeout or its death: this configuration fails here
-            trial.error = f"build: {type(exc).__name__}: {error_line(str(exc))}"
-            measured.append((trial, None))
-            continue
-        runner_input = RunnerInput(trial.path, "cuda", ArgInfo.from_prim_func(trial.func))
-        measured.append((trial, run(trial.task, [runner_input])[0]))
-    for done, (trial, future) in enumerate(measured, 1):
+
+    def record(done: int, trial: KernelTrial, future) -> None:
         results = {label: None for label in records_dirs} if future is None else results_by_share(future)
         for label, result in results.items():
             if result is not None and is_not_measured(result):
@@ -158,11 +141,55 @@ def try_kernels(tasks: list, *, target, builder, run, results_by_share, referenc
         if trial.path:
             callbacks.remove_artifact(trial.path)
         if on_progress is not None:
-            on_progress(done, len(measured))
+            on_progress(done, len(builds))
+
+    measuring = measure_in_order(builds, device_type="cuda", run=run, out_of_time=out_of_time, on_result=record)
+    for trial, future in builds[measuring:]:  # the time budget ran out: neither measured nor recorded
+        if future.done() and future.exception() is None:
+            callbacks.remove_artifact(future.result())
+        future.cancel()
     keys = {_key(task): task.index for task in tasks}
     return {label: {keys[key]: record for key, record in kernel_records.best_checked(directory).items()
                     if key in keys}
             for label, directory in records_dirs.items()}
+
+
+# Runs sent ahead of the one waited on: the next library loads while one is timed, and a time budget that runs out
+# leaves no queue of measurements behind it (all sent at once, GPT-2's overran 90 s by 127: benchmarks/RESULTS.md)
+AHEAD = 1
+
+
+def measure_in_order(builds: list, *, device_type: str, run, out_of_time, on_result) -> int:
+    """Measure each (trial, build future) of `builds` in order once it is built: `run(trial.task, [RunnerInput])` sends
+    it, and `on_result(done, trial, runner future, or None where the build failed)` takes its outcome; a run is sent
+    only while at most AHEAD others are untaken. Stops sending when `out_of_time()`. Returns how many builds were
+    sent or failed (the rest are the caller's to drop)."""
+    import collections
+
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    in_flight: collections.deque = collections.deque()
+    taken = done = 0
+    for trial, future in builds:
+        while len(in_flight) > AHEAD:
+            done += 1
+            on_result(done, *in_flight.popleft())
+        if out_of_time():
+            break
+        taken += 1
+        try:
+            trial.path = future.result()
+        except Exception as exc:  # the worker's exception, a timeout or its death: this configuration fails here
+            trial.error = f"build: {type(exc).__name__}: {error_line(str(exc))}"
+            in_flight.append((trial, None))
+            continue
+        in_flight.append((trial, run(trial.task, [RunnerInput(trial.path, device_type,
+                                                               ArgInfo.from_prim_func(trial.func))])[0]))
+    while in_flight:
+        done += 1
+        on_result(done, *in_flight.popleft())
+    return taken
 
 
 def _key(task) -> str:

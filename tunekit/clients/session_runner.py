@@ -59,6 +59,27 @@ WRONG_OUTPUT = "tunekit SessionRunner: wrong output at the share"
 # A candidate artifact that also holds a function of this name is checked before it is timed: both run on the same
 # random inputs, and every argument must match within numerics.KERNEL_BOUND (kernels of another kind: issue 53)
 REFERENCE = "tunekit_reference"
+# ... and only the arguments it writes, where a file beside its library names them (written_args_path): a GEMM's
+# weight need not cross the RPC link twice per candidate (GPT-2's LM head: 77 MB)
+WRITTEN_ARGS_SUFFIX = ".written-args.json"
+
+
+def written_args_path(artifact: str) -> str:
+    return str(artifact) + WRITTEN_ARGS_SUFFIX
+
+
+def mark_written_args(artifact: str, indices: list[int]) -> None:
+    """Say which arguments the candidate `artifact` writes: its check compares those alone."""
+    with open(written_args_path(artifact), "w") as fh:
+        json.dump(sorted(indices), fh)
+
+
+def _written_args(artifact: str) -> list[int] | None:
+    try:
+        with open(written_args_path(artifact)) as fh:
+            return [int(i) for i in json.load(fh)]
+    except FileNotFoundError:
+        return None
 
 
 MEASURE_LOCKS = (True, False, "auto")
@@ -523,7 +544,7 @@ class SessionRunner(PyRunner):
                 random_fill(tensor)
             args.append(tensor)
         if rt_mod.implements_function(REFERENCE):
-            _check_against_reference(rt_mod, args, device)
+            _check_against_reference(rt_mod, args, device, written=_written_args(artifact))
         evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=self.config.number,
                                           repeat=self.config.repeat, min_repeat_ms=self.config.min_repeat_ms,
                                           f_preproc="cache_flush_cpu_non_first_arg"
@@ -541,9 +562,10 @@ class WrongOutput(Exception):
     """The candidate ran but its output differs from its reference's (a healthy server: the candidate's fault)."""
 
 
-def _check_against_reference(rt_mod, args: list, device) -> None:
+def _check_against_reference(rt_mod, args: list, device, *, written: list[int] | None) -> None:
     """Run the reference on `args` and the candidate on copies of them (outputs still holding the random fill, so a
-    candidate that writes nothing differs too); every argument must then match within numerics.KERNEL_BOUND."""
+    candidate that writes nothing differs too); every argument (of `written`, where known) must then match within
+    numerics.KERNEL_BOUND."""
     import tvm
 
     from ..numerics import KERNEL_BOUND, compare, within
@@ -557,7 +579,7 @@ def _check_against_reference(rt_mod, args: list, device) -> None:
     rt_mod[rt_mod.entry_name](*copies)
     device.sync()
     for i, (mine, theirs) in enumerate(zip(copies, args)):
-        if not str(mine.dtype).startswith(("float", "bfloat")):
+        if not str(mine.dtype).startswith(("float", "bfloat")) or (written is not None and i not in written):
             continue
         row = compare(mine.numpy(), theirs.numpy())
         if not within([row], KERNEL_BOUND):

@@ -68,7 +68,7 @@ def build_candidate(func, reference, config_name: str, target, artifact_dir: str
     import tvm
     from tvm.driver import build as tvm_build
 
-    from ..clients.session_runner import REFERENCE
+    from ..clients.session_runner import REFERENCE, mark_written_args
     from .triton_compile import arch_of
 
     if config_name == HANDWRITTEN:
@@ -81,6 +81,8 @@ def build_candidate(func, reference, config_name: str, target, artifact_dir: str
     fd, path = tempfile.mkstemp(prefix=f"{KIND}-", suffix=".so", dir=artifact_dir)
     os.close(fd)
     lib.export_library(path)
+    if config_name != HANDWRITTEN:
+        mark_written_args(path, [len(func.params) - 1])  # a GEMM plan's or an attention's one output: the last
     return path
 
 

@@ -62,9 +62,11 @@ def slow_module():
     return tvm.IRModule({"main": slow})
 
 
-def checked_library(main_adds: float, reference_adds: float, artifact_dir: str) -> str:
+def checked_library(main_adds: float, reference_adds: float, written: list[int] | None,
+                    artifact_dir: str) -> str:
     """A CPU candidate with its reference (clients.session_runner.REFERENCE): `main` computes B = A + main_adds and
-    the reference B = A + reference_adds, exported to a library in `artifact_dir` (a build pool's submit_call)."""
+    the reference B = A + reference_adds, exported to a library in `artifact_dir` (a build pool's submit_call);
+    `written`: the arguments its check compares (session_runner.mark_written_args), else all."""
     import os
     import tempfile
 
@@ -72,7 +74,7 @@ def checked_library(main_adds: float, reference_adds: float, artifact_dir: str) 
     from tvm import te
     from tvm.driver import build
 
-    from ..clients.session_runner import REFERENCE
+    from ..clients.session_runner import REFERENCE, mark_written_args
 
     def adds(value: float, name: str):
         a = te.placeholder((256,), name="A")
@@ -84,6 +86,8 @@ def checked_library(main_adds: float, reference_adds: float, artifact_dir: str) 
     fd, path = tempfile.mkstemp(suffix=".so", dir=artifact_dir)
     os.close(fd)
     lib.export_library(path)
+    if written is not None:
+        mark_written_args(path, written)
     return path
 
 
