@@ -131,3 +131,28 @@ def test_a_task_whose_triton_kernel_beats_the_searchs_best_gets_trials_only_afte
     assert scheduler.next_task(set()) is norm
     gemm.best_us = 12.5  # the search is about to beat the kernel: worth its trials again
     assert scheduler.next_task(set()) is gemm
+
+
+def test_the_warm_up_skips_a_task_whose_triton_kernel_already_beats_its_untuned_kernel():
+    """ViT-B/16 at 40%, 48 trials (benchmarks/results/h200-transformers-triton-attention): fc1 (untuned 114 us, Triton
+    10.7) and fc2 (110, 8.7) each took a warm-up batch of 16 and reached 32.6 us, so 32 trials bought nothing, while
+    the patch conv (39.5 us) and the split-K sums got none. Such a task is searched once the others have had theirs
+    and gain no more than it."""
+    def vit(kernels: bool):
+        return [_task(0, 12, 114.4, kernel_us=10.7 if kernels else None),
+                _task(1, 12, 110.4, kernel_us=8.7 if kernels else None),
+                _task(2, 23, 6.0), _task(3, 1, 39.5), _task(4, 11, 5.4)]
+
+    def picks(tasks, n):
+        scheduler, busy = TaskScheduler(tasks, trials_per_iter=16), []
+        for _ in range(n):
+            busy.append(scheduler.next_task(set(busy)).index)
+        return busy
+
+    assert picks(vit(kernels=False), 3) == [0, 1, 2]  # weight x latency
+    assert picks(vit(kernels=True), 4) == [2, 4, 3, 0]  # the GEMMs last, when nothing else is free
+    tasks = vit(kernels=True)
+    for task, best in zip(tasks[2:], (5.0, 30.0, 4.6)):  # after their warm-up the others still gain
+        task.record(best)
+        task.after_batch(task.untuned_us, fresh=16, cached=0)
+    assert TaskScheduler(tasks, trials_per_iter=16).next_task(set()).index in (2, 3, 4)

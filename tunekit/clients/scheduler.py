@@ -99,6 +99,12 @@ class TaskState:
         known = [us for us in (self.best_us, self.untuned_us) if us is not None]
         return min(known) if known else None
 
+    @property
+    def kernel_ahead(self) -> bool:
+        """Its kernel of another kind is faster than anything the search has here (its best record or untuned
+        kernel)."""
+        return self.kernel_us is not None and self.searched_us is not None and self.kernel_us < self.searched_us
+
     def cost_in_model(self) -> float:
         """weight x latency: the share of the model's time this task stands for (inf when unknown,
         so an unmeasured task is never taken for a light one)."""
@@ -168,6 +174,10 @@ def gradient(task: TaskState, tasks: list[TaskState], *, alpha: float = ALPHA, b
     cost = task.effective_us
     if cost is None:
         return float("-inf")  # nothing measured at all: find out first
+    if task.batches == 0 and task.kernel_ahead:
+        # Never searched, and a kernel of another kind beats where the search starts: no gain is known. ViT-B/16's
+        # GEMMs spent 32 of 48 trials reaching 3-4x their Triton kernels (benchmarks/RESULTS.md, "Five transformers")
+        return 0.0
     history = [h for h in task.history if h is not None]
     if len(history) > window:
         backward = (history[-1] - history[-1 - window]) / window
@@ -226,7 +236,7 @@ class TaskScheduler:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]
         if open_tasks:
-            warm_up = [t for t in open_tasks if t.batches == 0]
+            warm_up = [t for t in open_tasks if t.batches == 0 and not t.kernel_ahead]  # see gradient
             if warm_up:
                 return max(warm_up, key=lambda t: (t.cost_in_model(), t.flops * t.weight))
             return self._best(open_tasks)
