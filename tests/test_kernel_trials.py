@@ -147,6 +147,28 @@ def test_each_gemm_task_gets_a_triton_trial_per_tile_config_until_every_share_ha
     assert plan_trials(tasks, target=target, records_dirs=dirs) == []
 
 
+def test_the_gemm_that_costs_the_model_most_is_tried_first(tmp_path):
+    """Under a time budget the kernel trials may not all run (GPT-2's LM head: 16 candidates of a 77 MB weight): the
+    task with the most weight x untuned latency goes first, a fused attention (cost unknown) before any."""
+    pytest.importorskip("triton")
+    from tunekit.clients.kernel_trials import ScheduledTask, plan_trials
+
+    target, small = _contexts(_dense_onnx(str(tmp_path / "s.onnx"), m=40, k=72, n=48, residual=True), tmp_path / "s")
+    _, large = _contexts(_dense_onnx(str(tmp_path / "l.onnx"), m=40, k=64, n=96, residual=False), tmp_path / "l")
+    tasks = small + large
+    for i, task in enumerate(tasks):
+        task.index, task.untuned_us = i, 1.0
+    dirs = {"gpu40": str(tmp_path / "a")}
+    by_index = [t.task.index for t in plan_trials(tasks, target=target, records_dirs=dirs)]
+    first, second = sorted(set(by_index))
+    assert by_index == sorted(by_index)  # equal costs: in task order
+    tasks[second].untuned_us = 50.0
+    by_cost = [t.task.index for t in plan_trials(tasks, target=target, records_dirs=dirs)]
+    assert by_cost[0] == second and by_cost[-1] == first and sorted(by_cost) == sorted(by_index)
+    unknown = ScheduledTask(len(tasks), "fused", tasks[first].ctx)  # a fused attention's cost is not known
+    assert plan_trials([*tasks, unknown], target=target, records_dirs=dirs)[0].task is unknown
+
+
 @pytest.mark.gpu
 def test_gpu_tuning_tries_triton_kernels_checks_them_at_the_share_and_reports_the_kind_that_won(tmp_path):
     """A dense layer (M = 256, K = 512, N = 1024) tuned at 40% with few MetaSchedule trials: every Triton

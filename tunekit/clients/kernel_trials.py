@@ -30,6 +30,9 @@ class ScheduledTask:
     ctx: object       # .mod: the task's IRModule
     negligible: bool = False
 
+    def cost_in_model(self) -> float:
+        return float("inf")  # unknown until its hand-written kernel is measured, among its own trials
+
 
 def scheduled_tasks(extracted: list, *, first_index: int) -> list[ScheduledTask]:
     """The already-scheduled tasks of `extracted` (MetaSchedule's ExtractedTasks) that have kernels of another kind,
@@ -74,7 +77,8 @@ def available(target) -> bool:
 
 
 def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[KernelTrial]:
-    """The candidates of `tasks` (TaskStates, ScheduledTasks) not yet in every share's kernel records."""
+    """The candidates of `tasks` (TaskStates, ScheduledTasks) not yet in every share's kernel records, the tasks that
+    cost the model most first: a time budget that runs out leaves the lighter ones to MetaSchedule."""
     from ..kernels.candidates import HANDWRITTEN, configs_of, needs_baseline
     from ..records.baselines import workload_key
 
@@ -82,7 +86,7 @@ def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[Ke
         return []
     done = [{(r.workload, r.kind, r.config) for r in kernel_records.read(d)} for d in records_dirs.values()]
     trials = []
-    for task in tasks:
+    for task in sorted(tasks, key=lambda t: -t.cost_in_model()):
         if task.negligible:
             continue
         func = task.ctx.mod["main"]
