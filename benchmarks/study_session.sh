@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Tuning studies on the device: one background chain, and device calls of <= 10 minutes that
 # wait on it. A resumed tune re-pays its ~200 s of start-up and finish per call; one process across calls does not.
-#   MODELS=resnet18 bash benchmarks/study_session.sh start   # exports, PyTorch at 40% for scale, then the chain
+#   MODELS=resnet18 bash benchmarks/study_session.sh start   # the chain: exports, PyTorch at 40% for scale, STEPS
 #   DRY=1 ... start                                         # print the chain only
 #   bash benchmarks/study_session.sh wait 540 [PATTERN]      # progress; everything so far comes back in $OUT
 #                                                            # (returns early once PATTERN is in the chain's log)
-# PyTorch is timed for TORCH_MODELS (default MODELS; none: not timed), its TORCH_VARIANTS (default graphs-fp32,graphs-fp16;
-# maxautotune-fp16: torch.compile(mode="max-autotune"), about 3 minutes a model) at TORCH_PCTS (default 40).
+# The chain first exports the models, then times PyTorch for TORCH_MODELS (default MODELS; none: not timed), its
+# TORCH_VARIANTS (default graphs-fp32,graphs-fp16; maxautotune-fp16: torch.compile(mode="max-autotune"), about 3
+# minutes a model) at TORCH_PCTS (default 40).
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu (PYTEST_ARGS: which tests, default tests/; PYTEST_S: its time limit, default 900: the
 #           11 GPU tests took more than 420 s on the H200, the stock half of test_design_spaces among them)
@@ -80,12 +81,17 @@ case "$1" in
       rm -rf /tmp/tt-before && cp -r "$TT_BEFORE" /tmp/tt-before && TT_BEFORE=/tmp/tt-before
     fi
     TORCH_MODELS=${TORCH_MODELS:-$MODELS}; [ "$TORCH_MODELS" = none ] && TORCH_MODELS=""
-    [ -n "${DRY:-}" ] || for m in ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,tt,* || ,$STEPS, == *,coord,* ]] && echo resnet18); do
-      [ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1
-    done
-    # PyTorch at 40% for scale (CUDA graphs, fp16 and fp32/TF32): a few seconds per model.
-    [ -n "${DRY:-}" ] || [ -z "$TORCH_MODELS" ] || python3 benchmarks/vs_pytorch.py pytorch --models "$TORCH_MODELS" --pcts ${TORCH_PCTS:-40} \
-      --variants ${TORCH_VARIANTS:-graphs-fp32,graphs-fp16} --work /tmp/vs --results "$R" --call-s 240 2>&1 | grep -v "^\$" | tail -3
+    # prelude: the chain's first commands, exports and PyTorch (in the background chain: torch.compile's max-autotune
+    # takes about 3 minutes a model, past a device call's 10)
+    prelude() {
+      for m in $(printf '%s\n' ${TORCH_MODELS//,/ } ${MODELS//,/ } ${VARIANTS_MODELS//,/ } \
+                 $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,tt,* || ,$STEPS, == *,coord,* ]] && echo resnet18) | awk '!seen[$0]++'); do
+        echo "[ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1"
+      done
+      [ -z "$TORCH_MODELS" ] || echo "python3 benchmarks/vs_pytorch.py pytorch --models $TORCH_MODELS --pcts ${TORCH_PCTS:-40}" \
+        "--variants ${TORCH_VARIANTS:-graphs-fp32,graphs-fp16} --work /tmp/vs --results $R --call-s 1800" \
+        "> $R/pytorch.log 2>&1; echo \"pytorch rc=\$?\""
+    }
     # emit_steps STEPS: the chain's commands for those steps, for MODELS
     emit_steps() {
       for step in ${1//,/ }; do case $step in
@@ -173,7 +179,7 @@ case "$1" in
         { echo "set -u"; MODELS=$models emit_steps "${lane%%:*}"; echo "echo \"lane $i done\""; } > /tmp/study-lane-$i.sh
       done
       {
-        echo "set -u"
+        echo "set -u"; prelude
         for i in "${!lanes[@]}"; do
           echo "CUDA_VISIBLE_DEVICES=$i taskset -c $((i * per))-$((i * per + per - 1)) bash /tmp/study-lane-$i.sh 2>&1 | sed -u 's/^/[gpu$i] /' &"
         done
@@ -181,7 +187,7 @@ case "$1" in
       } > /tmp/study-chain.sh
       [ -n "${DRY:-}" ] && cat /tmp/study-lane-*.sh
     else
-      { echo "set -u"; emit_steps "$STEPS"; echo "echo chain done"; } > /tmp/study-chain.sh
+      { echo "set -u"; prelude; emit_steps "$STEPS"; echo "echo chain done"; } > /tmp/study-chain.sh
     fi
     [ -n "${DRY:-}" ] && { cat /tmp/study-chain.sh; exit 0; }  # DRY=1: print the chain, run nothing
     # The chain runs in a copy of the tree: every device call copies the working tree over the checkout again, and
