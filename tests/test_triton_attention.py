@@ -20,11 +20,11 @@ def _causal(seq, *, masked_row=None):
 
 
 @pytest.mark.parametrize("seq,dim,causal,tile", [(70, 64, False, (32, 32, 4, 2)), (70, 32, True, (16, 64, 4, 2)),
-                                                 (40, 80, False, (32, 16, 4, 2))])
+                                                 (40, 80, False, (32, 16, 4, 2)), (130, 128, True, (64, 32, 4, 2))])
 def test_the_triton_attention_computes_the_attention(tmp_path, seq, dim, causal, tile):
     """In Triton's interpreter against numpy in fp64: 70 rows leave a partial query tile and a partial key tile; a
     causal mask with a row masked everywhere (its output is zeros, as the graphs' where(isnan(softmax), 0, ...)
-    gives); head dim 80 padded to 128 columns that are never written."""
+    gives); head dim 80 padded to 128 columns that are never written; head dim 128 over 130 causal rows."""
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     from tunekit.kernels.triton_attention import AttentionConfig
