@@ -21,7 +21,8 @@
 #           its runs: COORD_SETUPS=2x2x1,4x2x2,4x2x2,2x2x1 lets the VM's CPU drift fall on both setups alike
 #   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
 #           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
-#   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S`, then
+#   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S` (TRIALS_<model>,
+#           TIME_S_<model> for one), then
 #           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs).
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
@@ -113,8 +114,10 @@ case "$1" in
              echo "mkdir -p $R/$m-gpu40 $W/$m-gpu40"
              resume=""; earlier=$(records_file records-$m-gpu40)
              [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xf $earlier -C $W/$m-gpu40"
-             echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${TRIALS:-1000} --trials-per-iter 16" \
-                  "--time-budget ${TIME_S:-600} $resume --out $W/$m-gpu40 --json > $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
+             trials=TRIALS_$m; time_s=TIME_S_$m  # per-model overrides, as the study step's
+             echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${!trials:-${TRIALS:-1000}}" \
+                  "--trials-per-iter 16 --time-budget ${!time_s:-${TIME_S:-600}} $resume --out $W/$m-gpu40 --json" \
+                  "> $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
              echo "echo \"$m-gpu40 tune rc=\$?\"; cp $W/$m-gpu40/report.json $R/$m-gpu40/ 2>/dev/null"
              # where the tuned model's time goes, kernel by kernel, as the whole model runs
              echo "python3 benchmarks/kernel_profile.py /tmp/vs/$m.onnx --gpu-pct 40 --records $W/$m-gpu40/records-gpu40" \
