@@ -176,3 +176,27 @@ def test_the_gemm_benchmark_times_fc2_both_split_along_k_and_whole(tmp_path):
     whole = gemm.gemm_task(path, Target("nvidia/nvidia-h100"), split_k=False)[1]
     assert (split.splits, split.k * split.splits) == (4, 1024) and (whole.splits, whole.k) == (1, 1024)
     assert whole.operands and not split.operands  # the bias joins the whole kernel; the split one sums only
+
+
+def test_pytorchs_best_is_its_fastest_correct_variant_and_tunekit_is_also_set_against_the_whole_gpu():
+    """vs_pytorch.table: at 40% PyTorch's fp16 is the fastest but wrong (MPS on Hopper), so its fp32 is the best there;
+    at 100% torch.compile's max-autotune is. tunekit at 40% is set against both."""
+    vs = _benchmark("vs_pytorch")
+    right = [{"max_rel_err": 0.002, "cosine": 0.999999}]
+    wrong = [{"max_rel_err": 0.9, "cosine": 0.69}]
+
+    def row(ms, errors):
+        return {"median_ms": ms, "errors": errors}
+
+    state = {"machine": "NVIDIA H200, 580; 16 CPU cores; Python 3.12", "models": {"vit_b_16": {
+        "pytorch": {"gpu40": {"graphs-fp32": row(1.4, right), "graphs-fp16": row(0.75, wrong)},
+                    "gpu100": {"graphs-fp16": row(0.70, right), "maxautotune-fp16": row(0.64, right)}},
+        "tunekit": {"gpu40": {"untuned_ms": 4.8, "checkpoints": [{"budget_s": 90, "trials": 48, "tuned_ms": 0.672}]}}}}}
+    text = vs.table(state)
+    head = next(line for line in text.splitlines() if line.startswith("| model"))
+    assert "PyTorch max-autotune fp16" in head and "compile" not in head and "eager" not in head
+    gpu40 = next(line for line in text.splitlines() if line.startswith("| vit_b_16 | gpu40")).split(" | ")
+    assert gpu40[3] == "0.750†" and gpu40[5] == "1.400"  # the wrong fp16 is shown, marked, and not the best
+    assert gpu40[-2] == f"{0.672 / 1.4:.3f}" and gpu40[-1].rstrip(" |") == f"{0.672 / 0.64:.3f}"
+    gpu100 = next(line for line in text.splitlines() if line.startswith("| vit_b_16 | gpu100")).split(" | ")
+    assert gpu100[5] == "0.640"
