@@ -197,3 +197,24 @@ def test_gpu_tuning_tries_triton_kernels_checks_them_at_the_share_and_reports_th
         for artifact in (report["artifact"], compiled):
             with open(artifact, "rb") as fh:
                 assert b"tunekit_gemm_" in fh.read()
+
+
+def test_the_summary_says_which_tasks_run_kernels_of_another_kind():
+    """`tunekit tune`'s summary line, from the report of a tune on the H200 (benchmarks/results): ViT-B/16's four
+    GEMMs and its fused attention ran Triton; a row left to MetaSchedule's, the untuned or the hand-written kernel
+    does not count, and a run without any says nothing."""
+    import json
+    import os
+
+    from tunekit.cli.tune import kernels_line
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
+                        "h200-transformers-triton-attention", "report-vit_b_16.json")
+    with open(path) as fh:
+        report = json.load(fh)
+    assert kernels_line(report) == ("\nkernels: triton for 4 task(s) and 1 fused attention(s) "
+                                    "(report tasks[].kernel, fused_kernels)")
+    report["fused_kernels"][0]["kernel"] = "handwritten"
+    for row in report["tasks"]:
+        row["kernel"] = "metaschedule" if row["kernel"] == "triton" else row["kernel"]
+    assert kernels_line(report) == ""

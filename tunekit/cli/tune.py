@@ -167,6 +167,19 @@ def _tune_shares(args, config, coordinator) -> int:
     return EXIT_OK
 
 
+def kernels_line(report: dict) -> str:
+    """Which tasks run kernels of another kind than their own, in a line of the summary ("" where none do)."""
+    from ..kernels.candidates import other_kind
+
+    tasks = [t for t in report.get("tasks", []) if other_kind(t.get("kernel"))]
+    fused = [r for r in report.get("fused_kernels", []) if other_kind(r.get("kernel"))]
+    if not tasks and not fused:
+        return ""
+    kinds = "/".join(sorted({row["kernel"] for row in tasks + fused}))
+    return (f"\nkernels: {kinds} for {len(tasks)} task(s) and {len(fused)} fused attention(s) "
+            "(report tasks[].kernel, fused_kernels)")
+
+
 def warn_fallbacks(report: dict) -> None:
     """One line on stderr when tasks kept their untuned kernel because they kept failing (tasks[].fallback)."""
     fell = [t for t in report.get("tasks", []) if t.get("fallback")]
@@ -277,7 +290,7 @@ def run(args) -> int:
                      f"tolerance {choice['profile']['tolerance']:.0%})\n")
     emit(args, result.to_dict(),
          auto_line + f"tuned {result.share}: {result.untuned_ms:.3f} ms -> {result.tuned_ms:.3f} ms "
-         f"({result.speedup:.2f}x) in {result.wall_s:.0f} s, {result.trials} trials\n"
+         f"({result.speedup:.2f}x) in {result.wall_s:.0f} s, {result.trials} trials{kernels_line(result.report)}\n"
          f"records: {result.records_dir}\nmodel:   {result.artifact}\nreport:  {result.report_path}")
     warn_fallbacks(result.report)
     return EXIT_OK

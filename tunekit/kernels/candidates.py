@@ -8,6 +8,13 @@ import os
 
 KIND = "triton"
 HANDWRITTEN = "handwritten"  # the fused attention's own kernel (frontend.attention_kernel), measured as a baseline
+# A report row's kernel that is the task's own: MetaSchedule's record, the untuned (default) kernel, the hand-written one
+OWN_KINDS = (None, "metaschedule", "default", HANDWRITTEN)
+
+
+def other_kind(kind) -> bool:
+    """A report row's `kernel` is of another kind than the task's own (a Triton kernel)."""
+    return kind not in OWN_KINDS
 
 
 def configs_of(func) -> list[str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..kernels.candidates import other_kind
+
 
 @dataclass(frozen=True)
 class DevicePeak:
@@ -38,7 +40,7 @@ def annotate_efficiency(tasks: list[dict], *, gpu_name: str | None, sm_count: in
     part = min(1.0, sm_count / peak.sms)
     bandwidth = peak.bandwidth_gbps * part
     for row in tasks:
-        other = row.get("kernel") not in (None, "metaschedule", "default")  # e.g. a Triton kernel
+        other = other_kind(row.get("kernel"))
         tuned = other or bool(row.get("tuned_us")) and row.get("record_applied", True) and not row.get("fallback")
         us = row.get("kernel_us") if other else row.get("tuned_us") if tuned else row.get("untuned_us")
         if not us or (row.get("flops") or 0) <= 1.0 or not row.get("bytes"):  # 1.0: TVM could not count them

@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..config import TuneConfig
 from ..errors import RunFailed, error_line
-from ..kernels.candidates import HANDWRITTEN
+from ..kernels.candidates import HANDWRITTEN, other_kind
 from ..results import TuneResult
 from ..servers.latency import LatencyFailed
 from ..shares.share import Share
@@ -266,7 +266,7 @@ class Pipeline:
         """Rows whose kernel of another kind was left out of the build take the kind the build has, and say why."""
         why = self._kernels_off.get(job.label)
         for row in tasks if why else []:
-            if row.get("kernel") not in (None, "metaschedule", "default", HANDWRITTEN):
+            if other_kind(row.get("kernel")):
                 row["kernel_left_out"] = why
                 row["kernel"] = HANDWRITTEN if "handwritten_us" in row else \
                     "metaschedule" if row.get("record_applied") else "default"
