@@ -17,23 +17,28 @@ from tunekit.records.kernel_records import KernelRecord
 from tunekit.testing import checked_library, local_fleet, session_runner
 
 
-def test_a_candidate_with_a_reference_is_timed_only_when_its_output_matches(tmp_path):
+def _checked_results(tmp_path, libraries: list[tuple]) -> tuple[list[str], list]:
+    """Each (main_adds, reference_adds, written) of testing.checked_library built by a build pool, then run on a
+    real runner server on 127.0.0.1: (their paths, their RunnerResults)."""
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path), cuda_aot=False)
     try:
-        right, wrong, close = [pool.submit_call(checked_library, main, ref, None).result()
-                               for main, ref in ((1.0, 1.0), (1.0, 2.0), (1.0, 1.001))]
+        paths = [pool.submit_call(checked_library, *library).result() for library in libraries]
     finally:
         pool.shutdown()
     args = [TensorInfo("float32", [256]), TensorInfo("float32", [256])]
     with local_fleet("t-check") as fleet:
         runner = session_runner(fleet)
         try:
-            results = [f.result() for f in runner.run([RunnerInput(p, "cpu", args) for p in (right, wrong, close)])]
+            return paths, [f.result() for f in runner.run([RunnerInput(p, "cpu", args) for p in paths])]
         finally:
             runner.shutdown()
+
+
+def test_a_candidate_with_a_reference_is_timed_only_when_its_output_matches(tmp_path):
+    _, results = _checked_results(tmp_path, [(1.0, 1.0, None), (1.0, 2.0, None), (1.0, 1.001, None)])
     assert results[0].error_msg is None and min(results[0].run_secs) > 0
     assert results[1].run_secs is None and is_wrong_output(results[1]), results[1].error_msg
     assert "argument 1" in results[1].error_msg  # B, the output; A is the same in both
@@ -46,24 +51,10 @@ def test_a_candidate_that_names_its_written_arguments_is_checked_on_those_alone(
     The file goes with the library (callbacks.remove_artifact)."""
     import os
 
-    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
-    from tvm.s_tir.meta_schedule.runner import RunnerInput
-
     from tunekit.clients.callbacks import remove_artifact
     from tunekit.clients.session_runner import written_args_path
 
-    pool = BuildPool(workers=1, timeout_s=60, artifact_dir=str(tmp_path), cuda_aot=False)
-    try:
-        only_a, only_b = [pool.submit_call(checked_library, 1.0, 2.0, w).result() for w in ([0], [1])]
-    finally:
-        pool.shutdown()
-    args = [TensorInfo("float32", [256]), TensorInfo("float32", [256])]
-    with local_fleet("t-written") as fleet:
-        runner = session_runner(fleet)
-        try:
-            results = [f.result() for f in runner.run([RunnerInput(p, "cpu", args) for p in (only_a, only_b)])]
-        finally:
-            runner.shutdown()
+    (only_a, _), results = _checked_results(tmp_path, [(1.0, 2.0, [0]), (1.0, 2.0, [1])])
     assert results[0].error_msg is None and min(results[0].run_secs) > 0
     assert is_wrong_output(results[1]) and "argument 1" in results[1].error_msg
     assert os.path.exists(written_args_path(only_a))
