@@ -11,6 +11,8 @@
 # The chain runs STEPS in order (default: study):
 #   pytest  pytest -m gpu (PYTEST_ARGS: which tests, default tests/; PYTEST_S: its time limit, default 900: the
 #           11 GPU tests took more than 420 s on the H200, the stock half of test_design_spaces among them)
+#   torch   PyTorch again, after the steps before it: TORCH_LATE_VARIANTS (e.g. maxautotune-fp16, whose minutes of
+#           compiling would otherwise delay every tune) for TORCH_MODELS at TORCH_PCTS, appended to the same results
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
 #   coord   coordinator_scaling.py on ResNet-18 at 40%: COORD_SETUPS (default 2x2x1,4x2x2: 1 GPU against 2, issue
@@ -97,6 +99,9 @@ case "$1" in
     emit_steps() {
       for step in ${1//,/ }; do case $step in
         pytest) echo "timeout ${PYTEST_S:-900} python3 -m pytest -q -rfE --tb=short --durations=15 -m gpu ${PYTEST_ARGS:-tests} > $R/pytest_gpu.txt 2>&1; echo \"pytest rc=\$?\"" ;;
+        torch) [ -z "$TORCH_MODELS" ] || echo "python3 benchmarks/vs_pytorch.py pytorch --models $TORCH_MODELS" \
+                 "--pcts ${TORCH_PCTS:-40} --variants ${TORCH_LATE_VARIANTS:?TORCH_LATE_VARIANTS} --work /tmp/vs" \
+                 "--results $R --call-s 1800 > $R/pytorch-late.log 2>&1; echo \"pytorch late rc=\$?\"" ;;
         r18|r18b|r18c) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
              [ $step = r18c ] && flags=${R18C_FLAGS:?R18C_FLAGS}
              echo "mkdir -p $R/$step-gpu40"
