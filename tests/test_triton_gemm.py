@@ -78,21 +78,23 @@ def test_a_dense_layer_with_its_epilogue_has_a_plan_and_nothing_else_does(tmp_pa
     assert (plan.splits, plan.k, plan.operands, plan.epilogue, plan.out_dtype) == (4, 256, (), (), "float32")
 
 
-@pytest.mark.parametrize("residual,k,tile,rows", [
-    (False, 64, (16, 32, 32, 4, 3), (40,)), (True, 72, (32, 64, 32, 4, 3), (40,)), (True, 72, (16, 32, 64, 4, 4), (40,)),
-    (False, 1024, (32, 32, 64, 4, 3), (40,)), (True, 64, (32, 32, 32, 4, 3), (5, 8)), (False, 64, (16, 64, 64, 4, 4), (1,))])
-def test_the_triton_kernel_computes_what_the_task_does(tmp_path, residual, k, tile, rows):
+@pytest.mark.parametrize("residual,k,tile,rows,n", [
+    (False, 64, (16, 32, 32, 4, 3), (40,), 48), (True, 72, (32, 64, 32, 4, 3), (40,), 48),
+    (True, 72, (16, 32, 64, 4, 4), (40,), 48), (False, 1024, (32, 32, 64, 4, 3), (40,), 48),
+    (True, 64, (32, 32, 32, 4, 3), (5, 8), 48), (False, 64, (16, 64, 64, 4, 4), (1,), 48),
+    (True, 72, (32, 32, 32, 4, 3), (40,), 37)])
+def test_the_triton_kernel_computes_what_the_task_does(tmp_path, residual, k, tile, rows, n):
     """The kernel in Triton's interpreter on the CPU against TVM's LLVM build of the task's PrimFunc: M = 40 leaves a
     partial row of tiles, K = 72 a partial K step, N = 48 a partial column of tiles at 32 and 64; K = 1024 is split
     in 4 (frontend.split_k: the task writes 4 partial sums, which another task adds up); [1, 5, 8, C] activations are
-    40 rows (Swin's [1, H, W, C]); one row (a classifier head)."""
+    40 rows (Swin's [1, H, W, C]); one row (a classifier head); N = 37, whose weight the task reads as [N, K]."""
     pytest.importorskip("triton")
     pytest.importorskip("torch")
     from tunekit.kernels.triton_gemm import TileConfig
     from tunekit.testing.triton_interpret import interpret
 
     m = int(np.prod(rows))
-    func, plan, _ = _gemm(_dense_onnx(str(tmp_path / "d.onnx"), m=m, k=k, n=48, residual=residual, rows=rows))
+    func, plan, _ = _gemm(_dense_onnx(str(tmp_path / "d.onnx"), m=m, k=k, n=n, residual=residual, rows=rows))
     assert plan.m == m
     rng = np.random.default_rng(1)
     params = [(rng.standard_normal([int(s) for s in p.shape]) * 0.5).astype(str(p.dtype)) for p in func.params]
@@ -183,3 +185,14 @@ def test_gpu_a_model_with_its_gemm_as_a_triton_kernel_computes_the_same(tmp_path
         out = vm["main"](*[tvm.runtime.tensor(sample[name], device=tvm.cuda(0)) for name in model.inputs.shapes])
         outs = [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
         check(compare_outputs(model.output_names, outs, model.reference(sample)), precision="fp16")
+
+
+def test_a_weight_whose_rows_do_not_start_on_16_bytes_is_read_transposed(tmp_path):
+    """N = 37 fp16 columns (74-byte rows, GPT-2's LM head has 50257): the GEMM task reads the weight as [N, K], which
+    a kernel loads in 16-byte vectors (frontend.aligned_weights); N = 48 (96 bytes) keeps [K, N]."""
+    func, plan, _ = _gemm(_dense_onnx(str(tmp_path / "odd.onnx"), m=40, k=64, n=37, residual=True))
+    assert (plan.b_transposed, plan.n, plan.k) == (True, 37, 64)
+    assert [int(d) for d in func.params[plan.b].shape] == [37, 64]
+    assert sorted(o.indexed_by for o in plan.operands) == ["mn", "n"]  # the epilogue still fused: bias and residual
+    _, plan, _ = _gemm(_dense_onnx(str(tmp_path / "even.onnx"), m=40, k=64, n=48, residual=True))
+    assert not plan.b_transposed

@@ -9,6 +9,7 @@ launch of a few µs at a small share, and most of BERT-base's small kernels ran 
   take another. Each output element of a take reads one input element, which is what FuseOps'
   `kInjective` means; marked so, they fuse like any reshape.
 - **The elementwise kernel in front of a LayerNorm joins it** (frontend.norm_prologue).
+- **A constant weight whose rows do not start on 16 bytes is stored transposed** (frontend.aligned_weights).
 
 CPU targets keep the zero pipeline as it is (nothing measured there).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from tvm import relax
 
+from .aligned_weights import transpose_unaligned_weights
 from .norm_prologue import INJECTIVE, fold_norm_prologues
 
 OPAQUE = 8
@@ -38,6 +40,8 @@ def fuse_kernels(mod, *, gpu: bool):
     if gpu:
         mod = mark_gathers_injective(mod)
     mod = relax.transform.FoldConstant()(mod)
+    if gpu:
+        mod, _ = transpose_unaligned_weights(mod)
     mod = relax.transform.FuseOps()(mod)
     if gpu:
         mod, _ = fold_norm_prologues(mod)

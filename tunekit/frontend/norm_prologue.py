@@ -21,6 +21,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .main_blocks import with_main_blocks
+
 NORM_KERNELS = ("layer_norm", "rms_norm")
 INJECTIVE = 2  # relay/relax OpPatternKind: elementwise 0, broadcast 1, injective 2
 
@@ -118,7 +120,4 @@ def fold_norm_prologues(mod) -> tuple[object, int]:
         blocks.append(block)
     if not folded:
         return mod, 0
-    main = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure,
-                          main.attrs)
-    builder.update_func(builder.get().get_global_var("main"), main)
-    return relax.transform.DeadCodeElimination()(builder.get()), folded
+    return with_main_blocks(builder, main, blocks), folded
