@@ -101,7 +101,7 @@ def main(argv=None) -> None:
 
     import numpy as np
 
-    from tunekit.clients.compiler import compile_and_export
+    from tunekit.clients.compiler import compile_and_export, kernels_worth_applying
     from tunekit.metaschedule_env import import_for_target
     from tunekit.frontend.precision import prepare
     from tunekit.records.baselines import read_baselines
@@ -119,8 +119,10 @@ def main(argv=None) -> None:
     # as the run's artifact is built: a record no faster than its kernel's untuned time is not applied
     baselines = read_baselines(args.records) if args.records else None
     with tempfile.TemporaryDirectory(prefix="tunekit-kprof-") as tmp:
+        # and the kernels of another kind (Triton's) that beat them, as the run's artifact takes them
+        kernels = kernels_worth_applying(args.records, database) if args.records else None
         artifact = compile_and_export(prepared_mod=prepared, target=target, database=database, cuda_graph=False,
-                                      baselines=baselines, path=os.path.join(tmp, "model.so"))
+                                      baselines=baselines, kernels=kernels, path=os.path.join(tmp, "model.so"))
         inputs = os.path.join(tmp, "in.npz")
         np.savez(inputs, **loaded.inputs.random(seed=0))
         with ShareSession(share, allow_unenforced=False) as session:

@@ -1,0 +1,122 @@
+"""One GEMM's Triton kernels (kernels.triton_gemm, every tile configuration) with the weight laid out [K, N] and [N, K],
+beside torch.matmul (cuBLAS) on the same operands, at MPS shares: µs per call (CUDA events over 30 back-to-back calls),
+the best tile's TFLOP/s and its fraction of the share's fp16 tensor-core peak, and each kernel's largest error against
+fp32 on the GPU.
+
+Why: a weight [K, N] whose rows are not 16-byte multiples (GPT-2's LM head, N = 50257) cannot be loaded in 16-byte
+vectors; frontend.aligned_weights stores it [N, K]. Each share's timing runs in a process pinned to the share
+(tunekit's share session: its own MPS daemon). Needs a GPU, torch and Triton; not TVM's build.
+
+  python benchmarks/gemm_layouts.py --gpu-pct 40 [--shapes 512x768x50257,512x768x50304] [--out-dtypes float32,float16]
+  python benchmarks/gemm_layouts.py --gpu-pct 40 --shapes 197x768x3072,512x768x3072,512x3072x768 --layouts kn --graphs 1
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+SHAPES = "512x768x50257,512x768x50304"  # M x K x N: GPT-2's LM head at sequence 512, and N padded to 64
+
+
+def _time_us(fn, *, number: int, graphs: bool) -> float:
+    """Mean µs of `fn` over `number` calls; with `graphs`, of 10 calls captured in a CUDA graph, replayed `number`
+    times (no launch cost)."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    if graphs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(10):
+                fn()
+        call, per_call = graph.replay, 10
+    else:
+        call, per_call = fn, 1
+    call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(number):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / number / per_call * 1000
+
+
+def worker(args) -> None:
+    """In the pinned process: every shape, layout and output dtype, one JSON line each."""
+    import torch
+
+    from tunekit.kernels import triton_gemm
+    from tunekit.kernels.gemm_plan import GemmPlan
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in args.shapes.split(","):
+        m, k, n = (int(x) for x in shape.split("x"))
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        for layout in args.layouts.split(","):
+            b = torch.randn(n, k, device="cuda", dtype=torch.float16) if layout == "nk" else \
+                torch.randn(k, n, device="cuda", dtype=torch.float16)
+            b_kn = b.t() if layout == "nk" else b
+            want = a.float() @ b_kn.float()
+            cublas = _time_us(lambda: a @ b_kn, number=args.number, graphs=args.graphs)
+            for out_dtype in args.out_dtypes.split(","):
+                plan = GemmPlan(m=m, n=n, k=k, a=0, b=1, b_transposed=layout == "nk", out=2, in_dtype="float16",
+                                out_dtype=out_dtype, operands=(), epilogue=(), result="acc")
+                out = torch.empty(m, n, device="cuda", dtype=getattr(torch, out_dtype))
+                tiles = {}
+                for config in triton_gemm.tile_configs(plan):
+                    kernel, grid = triton_gemm.jit_function(plan, config), triton_gemm.grid(plan, config)
+
+                    def launch(kernel=kernel, grid=grid, config=config):
+                        kernel[(grid,)](a, b, out, num_warps=config.warps, num_stages=config.stages)
+                    launch()
+                    torch.cuda.synchronize()
+                    error = float((out.float() - want).abs().max() / want.abs().max())
+                    tiles[config.name] = [round(_time_us(launch, number=args.number, graphs=args.graphs), 2),
+                                          round(error, 5)]
+                best = min(tiles, key=lambda name: tiles[name][0])
+                tflops = 2 * m * n * k / tiles[best][0] / 1e6
+                print(json.dumps({"shape": shape, "layout": layout, "out_dtype": out_dtype, "sm_count": sms,
+                                  "gpu": torch.cuda.get_device_name(0),
+                                  "cublas_us": round(cublas, 2), "best": best, "best_us": tiles[best][0],
+                                  "best_tflops": round(tflops, 1), "tiles": tiles}), flush=True)
+
+
+def main(argv=None) -> None:
+    from pinned_worker import rows_at_shares, share_parser
+
+    from tunekit.run.efficiency import device_peak
+
+    parser = share_parser(__doc__, number=30)
+    parser.add_argument("--shapes", default=SHAPES, help="M x K x N, comma-separated")
+    parser.add_argument("--layouts", default="kn,nk", help="the weight as [K, N] (kn), as [N, K] (nk)")
+    parser.add_argument("--out-dtypes", default="float32,float16")
+    parser.add_argument("--graphs", type=int, default=0, help="1: time CUDA-graph replays (no launch cost)")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
+        "shapes": args.shapes, "layouts": args.layouts, "out-dtypes": args.out_dtypes, "number": args.number,
+        "graphs": args.graphs}, timeout_s=600)
+    print("| share | M x K x N | weight | out | best Triton tile | µs | TFLOP/s | of the share's peak | cuBLAS µs |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        peak = device_peak(row["gpu"])
+        share_peak = peak.tensor_fp16_tflops * min(1.0, row["sm_count"] / peak.sms) if peak else float("nan")
+        print(f"| {row['share']} | {row['shape']} | [{'N, K' if row['layout'] == 'nk' else 'K, N'}] | "
+              f"{row['out_dtype']} | {row['best']} | {row['best_us']} | {row['best_tflops']} | "
+              f"{row['best_tflops'] / share_peak:.0%} | {row['cublas_us']} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
