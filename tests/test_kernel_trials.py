@@ -6,6 +6,7 @@ Without a GPU: the runner's check (a real RPC server on 127.0.0.1, CPU libraries
 candidates a model's tasks get. On the device (-m gpu): a tune that tries them and a report that says which kind won."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from test_triton_gemm import H100, _dense_onnx, _tasks
 from tvm.target import Target
@@ -209,3 +210,23 @@ def test_the_summary_says_which_tasks_run_kernels_of_another_kind():
     for row in report["tasks"]:
         row["kernel"] = "metaschedule" if row["kernel"] == "triton" else row["kernel"]
     assert kernels_line(report) == ""
+
+
+def test_a_warm_server_compares_two_of_its_tensors_where_they_are():
+    """servers.output_check: the reference check's comparison runs on the runner server (a GEMM's output no longer
+    crosses the RPC link twice per candidate), with numerics.compare's row, the same as on the client."""
+    import tvm
+    from tvm import rpc
+
+    from tunekit.numerics import compare
+    from tunekit.servers.output_check import remote_compare
+
+    mine, theirs = np.linspace(-1, 1, 256, dtype=np.float32), np.linspace(-1, 1, 256, dtype=np.float32) ** 3
+    with local_fleet("t-compare") as fleet:
+        tracker = rpc.connect_tracker(fleet.config.connect_host, fleet.tracker_port)
+        session = tracker.request(fleet.key, session_timeout=30)
+        compare_there = remote_compare(session)
+        assert compare_there is not None
+        device = session.cpu(0)
+        row = compare_there(tvm.runtime.tensor(mine, device), tvm.runtime.tensor(theirs, device))
+    assert row == pytest.approx(compare(mine, theirs)) and row["cosine"] < 0.99

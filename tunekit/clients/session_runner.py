@@ -51,6 +51,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
 from ..errors import RunFailed
+from ..servers.output_check import remote_compare
 
 log = logging.getLogger("tunekit.runner")
 
@@ -544,7 +545,8 @@ class SessionRunner(PyRunner):
                 random_fill(tensor)
             args.append(tensor)
         if rt_mod.implements_function(REFERENCE):
-            _check_against_reference(rt_mod, args, device, written=_written_args(artifact))
+            _check_against_reference(rt_mod, args, device, written=_written_args(artifact),
+                                     compare_remote=remote_compare(session))
         evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=self.config.number,
                                           repeat=self.config.repeat, min_repeat_ms=self.config.min_repeat_ms,
                                           f_preproc="cache_flush_cpu_non_first_arg"
@@ -562,10 +564,11 @@ class WrongOutput(Exception):
     """The candidate ran but its output differs from its reference's (a healthy server: the candidate's fault)."""
 
 
-def _check_against_reference(rt_mod, args: list, device, *, written: list[int] | None) -> None:
+def _check_against_reference(rt_mod, args: list, device, *, written: list[int] | None, compare_remote=None) -> None:
     """Run the reference on `args` and the candidate on copies of them (outputs still holding the random fill, so a
     candidate that writes nothing differs too); every argument (of `written`, where known) must then match within
-    numerics.KERNEL_BOUND."""
+    numerics.KERNEL_BOUND. `compare_remote`: servers.output_check's, which compares on the server (else the tensors
+    are copied here)."""
     import tvm
 
     from ..numerics import KERNEL_BOUND, compare, within
@@ -581,7 +584,7 @@ def _check_against_reference(rt_mod, args: list, device, *, written: list[int] |
     for i, (mine, theirs) in enumerate(zip(copies, args)):
         if not str(mine.dtype).startswith(("float", "bfloat")) or (written is not None and i not in written):
             continue
-        row = compare(mine.numpy(), theirs.numpy())
+        row = compare_remote(mine, theirs) if compare_remote else compare(mine.numpy(), theirs.numpy())
         if not within([row], KERNEL_BOUND):
             raise WrongOutput(f"{WRONG_OUTPUT}: argument {i} differs from the reference's by {row['max_rel_err']:.3g} "
                               f"(max rel error) with cosine {row['cosine']:.6f}")
