@@ -16,7 +16,7 @@ its clients' start-up), plus, for reference, the single-process engine without R
   # both alike, and the table pools each setup's runs (its trials over its tuning walls):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 2x2x1,4x2x2,4x2x2,2x2x1 \
       --cores-per-gpu 16 --no-single-process
-  # clients on CPU nodes of a cluster, fleets on its GPU node (README: Clients where the CPUs are):
+  # clients on CPU nodes of a cluster, fleets on its GPU node (docs/running.md: the Ray coordinator):
   python benchmarks/coordinator_scaling.py --model resnet18 --gpu-pct 40 --setups 4x2x1,8x2x2 --no-single-process \
       --ray-address HEAD:6379 --client-nodes tunekit_client --rpc-secret-file ~/.tunekit-secret
 """

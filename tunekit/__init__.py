@@ -1,6 +1,6 @@
 """tunekit: tune a DNN's kernels for the share of the device it will run on.
 
-Map of the package (README "How it works" has the full table):
+Map of the package (docs/design.md has the full table):
   frontend/     ONNX -> Relax -> MetaSchedule tasks
   shares/       what a share is (GPU % under MPS, CPU cores) and how a process is pinned to it
   servers/      TVM RPC tracker and runner servers pinned to a share

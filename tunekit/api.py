@@ -24,7 +24,7 @@ def _executor(config: TuneConfig, coordinator: CoordinatorConfig | None):
     """One process, or the Ray coordinator; the secret is checked before either starts anything."""
     from .servers.fleet import listen_secret
 
-    # Before any work: a network-reachable listen host without a secret is refused (README "Security").
+    # Before any work: a network-reachable listen host without a secret is refused (docs/running.md, "Security").
     secret = listen_secret(listen_host=config.listen_host, secret_file=config.rpc_secret_file,
                            server_mode=config.server_mode, engine=config.engine)
     if coordinator is None:

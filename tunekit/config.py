@@ -92,7 +92,7 @@ class TuneConfig:
     # share memory bandwidth and L2; CPU shares have disjoint cores), true, false.
     measure_lock: bool | str = "auto"
     measure_repeats: int = 20        # latency repeats for before/after numbers
-    # ---- faults and security (README "Security"): no runner server of the share reachable for this long
+    # ---- faults and security (docs/running.md, "Security"): no runner server of the share reachable for this long
     # (restarts keep failing) stops the run with a clear error, keeping every measured trial.
     servers_gone_timeout_s: float = 120.0
     listen_host: str = "127.0.0.1"   # tracker + runner servers; not loopback: needs a shared secret

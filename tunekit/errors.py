@@ -1,6 +1,6 @@
 """User-facing errors: the CLI prints them as one line and exits non-zero.
 
-Two kinds, because a CI pipeline reacts differently to them (README "Exit codes"):
+Two kinds, because a CI pipeline reacts differently to them (docs/usage.md, "Exit codes"):
 - TunekitError: the input or the command line is wrong (a missing file, a bad flag, a resume
   against another model). Exit code 2: fix the command, re-running it will not help.
 - RunFailed: the input was fine but the run could not finish (every runner server gone, a

@@ -5,7 +5,7 @@ magnitude, so elements near zero do not turn rounding noise into huge ratios) an
 similarity. `tune` refuses an artifact past the bound of its precision, in one line that names
 the output, the error and the way out; `evaluate` and `bench --compare-onnx` report the same rows.
 
-The bounds (README "Precision"): fp32 builds agree with onnxruntime to rounding; fp16 inputs with
+The bounds (docs/running.md, "Behaviour"): fp32 builds agree with onnxruntime to rounding; fp16 inputs with
 fp32 accumulation keep about three significant digits per layer, and the error grows with depth.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from .common import EXIT_ERROR, EXIT_OK, EXIT_SLO_NOT_MET, add_share, emit, inpu
 
 def add_arguments(p) -> None:
     p.add_argument("model", nargs="+", help="an ONNX model; several, or a fleet YAML file, tune a fleet: one search "
-                   "and one budget for all of them, each into <out>/<name> (README: Fleets)")
+                   "and one budget for all of them, each into <out>/<name> (docs/usage.md: Fleets)")
     add_share(p, many=True, auto=True)
     p.add_argument("--trials", type=int, help="total measured candidates, per share (default 64)")
     p.add_argument("--trials-per-iter", type=int)
@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
     p.add_argument("--config", help="YAML file with TuneConfig keys; flags override it")
     p.add_argument("--listen-host", metavar="HOST",
                    help="address the RPC tracker and runner servers listen on (default 127.0.0.1); any other "
-                   "needs --rpc-secret-file or TUNEKIT_RPC_SECRET (README: Security)")
+                   "needs --rpc-secret-file or TUNEKIT_RPC_SECRET (docs/running.md: Security)")
     p.add_argument("--rpc-secret-file", metavar="PATH",
                    help="shared secret (first line, chmod 600) that runner servers demand before loading code")
     p.add_argument("--out", help="output dir (default ./tunekit-out/<model>-<share>)")

@@ -290,7 +290,7 @@ class RayExecutor:
     def _listen_host(self, ray) -> str:
         """Where fleets listen. Loopback while the whole cluster is this machine (the default, and
         `ray.cluster_utils.Cluster`); on several machines each fleet listens on its node's IP, so
-        clients on other nodes reach it, and only with the RPC secret (README "Security")."""
+        clients on other nodes reach it, and only with the RPC secret (docs/running.md, "Security")."""
         from ..servers.fleet import is_loopback
         from .fleet_actor import NODE_ADDRESS
 
@@ -300,7 +300,7 @@ class RayExecutor:
         if self.rpc_secret is None:
             raise TunekitError(f"this Ray cluster spans {len(machines)} machines, so runner servers must listen on "
                                "each node's address; that needs a shared secret: pass --rpc-secret-file FILE or set "
-                               "TUNEKIT_RPC_SECRET (README: Security)")
+                               "TUNEKIT_RPC_SECRET (docs/running.md: Security)")
         return NODE_ADDRESS
 
     def _start_fleets(self, ray, runs: list[_ShareRun]) -> None:

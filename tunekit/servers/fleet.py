@@ -8,7 +8,7 @@ growing back-off (0.5 s .. 5 s); the runner decides when "no server for too long
 
 Security: everything listens on 127.0.0.1 unless FleetConfig.host says otherwise, and a
 non-loopback host needs a shared secret (warm servers check it before any code is loaded;
-stock servers cannot, so they are loopback-only). See README "Security".
+stock servers cannot, so they are loopback-only). See docs/running.md, "Security".
 """
 from __future__ import annotations
 

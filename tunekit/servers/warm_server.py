@@ -6,7 +6,7 @@ Python start-up and TVM import. This server speaks the same tracker/RPC protocol
 session in-process, so the CUDA context (under its MPS share) stays warm. A candidate that kills
 the process is reported to the client as a failed trial; the fleet supervisor restarts the server.
 
-Authentication (see README "Security"): TVM's RPC server runs whatever code a client sends it.
+Authentication (see docs/running.md, "Security"): TVM's RPC server runs whatever code a client sends it.
 With a shared secret (env TUNEKIT_RPC_SECRET, set by the fleet; never on the command line), a
 client must prove it knows the secret in the connection handshake, before the RPC session starts
 and therefore before anything can be uploaded or loaded:
