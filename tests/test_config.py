@@ -93,3 +93,23 @@ def test_a_flag_beats_the_yaml_which_beats_the_default(tmp_path):
     assert (config.engine, config.server_mode) == ("tunekit", "warm")
     stock = tune_config(build_parser().parse_args(["tune", "m.onnx", "--engine", "stock"]))
     assert stock.server_mode == "stock"  # derived from the engine, no key of its own
+
+
+def test_a_time_budget_alone_ends_the_run_and_given_trials_still_cap_it(tmp_path):
+    """`--time-budget 600` without `--trials` tunes for 600 s (it stopped at the default 64 trials, long before);
+    trials given by flag or YAML still cap the run; neither: 64."""
+    from tunekit.cli import build_parser
+    from tunekit.cli.tune import tune_config
+
+    def config_of(*argv):
+        return tune_config(build_parser().parse_args(["tune", "m.onnx", *argv]))
+
+    assert TuneConfig().trials == 64 and TuneConfig().trials_bounded
+    alone = config_of("--time-budget", "600")
+    assert not alone.trials_bounded and alone.trials > 10 ** 5
+    assert config_of("--time-budget", "600", "--trials", "100").trials == 100
+    path = tmp_path / "c.yaml"
+    path.write_text("time_budget_s: 60\n")
+    assert not config_of("--config", str(path)).trials_bounded
+    path.write_text("time_budget_s: 60\ntrials: 32\n")
+    assert config_of("--config", str(path)).trials == 32

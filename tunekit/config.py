@@ -53,12 +53,16 @@ class SearchOptions:
                 raise TunekitError(f"search.{f.name} must be a positive integer, got {getattr(self, f.name)!r}")
 
 
+DEFAULT_TRIALS = 64
+UNBOUNDED_TRIALS = 10 ** 6  # the trials of a run that only a time budget ends (--time-budget without --trials)
+
+
 @dataclass
 class TuneConfig:
     """Every setting of a tuning run. Each key is one YAML key; the common ones are also `tunekit tune` flags."""
 
     # ---- the run
-    trials: int = 64                 # total measured candidates over all tasks
+    trials: int | None = None        # total measured candidates over all tasks; None: 64, or unbounded with a time budget
     seed: int = 0
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     resume: bool = False             # continue the records already in --out (same model/target/share only)
@@ -98,6 +102,11 @@ class TuneConfig:
     listen_host: str = "127.0.0.1"   # tracker + runner servers; not loopback: needs a shared secret
     rpc_secret_file: str | None = None  # shared secret (first line); else env TUNEKIT_RPC_SECRET
 
+    @property
+    def trials_bounded(self) -> bool:
+        """Whether the trials end the run; not when only a time budget was given."""
+        return self.trials < UNBOUNDED_TRIALS
+
     def with_trials(self, trials: int | None) -> "TuneConfig":
         """This config with `trials` replaced (None keeps it): the API's `trials=` argument."""
         return self if trials is None else dataclasses.replace(self, trials=trials)
@@ -136,6 +145,8 @@ class TuneConfig:
         return min(50, max(16, self.trials_per_iter)) if target_kind == "cuda" else 50
 
     def __post_init__(self):
+        if self.trials is None:  # decided once the time budget is known (flag > YAML > default)
+            self.trials = UNBOUNDED_TRIALS if self.time_budget_s is not None else DEFAULT_TRIALS
         if isinstance(self.search, dict):  # from YAML
             unknown = sorted(set(self.search) - {f.name for f in dataclasses.fields(SearchOptions)})
             if unknown:

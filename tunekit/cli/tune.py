@@ -14,11 +14,12 @@ def add_arguments(p) -> None:
     p.add_argument("model", nargs="+", help="an ONNX model; several, or a fleet YAML file, tune a fleet: one search "
                    "and one budget for all of them, each into <out>/<name> (docs/usage.md: Fleets)")
     add_share(p, many=True, auto=True)
-    p.add_argument("--trials", type=int, help="total measured candidates, per share (default 64)")
+    p.add_argument("--trials", type=int, help="total measured candidates, per share (default 64; with "
+                   "--time-budget: as many as the budget allows)")
     p.add_argument("--trials-per-iter", type=int)
     p.add_argument("--time-budget", dest="time_budget_s", type=float, metavar="S",
                    help="stop tuning after S seconds (batches in flight still finish); with --resume the next run "
-                   "continues. --trials still caps the run")
+                   "continues. --trials, when given, still caps the run")
     p.add_argument("--warm-start", action="append", metavar="DIR",
                    help="start from the records of another run (a tune out dir or a records dir; repeatable): the "
                    "best of them per task are measured again at this share, then the search goes on from them")

@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import sys
+import time
 
 
 class ProgressBar:
-    """A rich progress bar when `show`, else silent (--json, no TTY): the same calls either way."""
+    """A rich progress bar when `show`, else silent (--json, no TTY): the same calls either way. `seconds`: a run that
+    only its time budget ends counts its seconds on the bar and its trials beside it."""
 
-    def __init__(self, *, total: int, show: bool, label: str = "tuning"):
+    def __init__(self, *, total: int, show: bool, label: str = "tuning", seconds: float | None = None):
         self.total = total
         self.done = 0
+        self.seconds = seconds
+        self._started = time.monotonic()
         self._bar = None
+        if seconds:
+            label, total = f"{label} (s)", int(seconds)
         if show:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,7 +29,12 @@ class ProgressBar:
 
     def advance(self, trials: int, *, status: str = "") -> None:
         self.done += trials
-        if self._bar is not None:
+        if self._bar is None:
+            return
+        if self.seconds:
+            self._bar.update(self._id, completed=min(time.monotonic() - self._started, self.seconds),
+                             status=f"{self.done} trials {status}")
+        else:
             self._bar.update(self._id, completed=min(self.done, self.total), status=status)
 
     def close(self) -> None:

@@ -210,7 +210,9 @@ def _tune(group: list[ShareJob], members: list[_Member], executor, show_progress
                 warm_up.close()
                 _plan(group, tuned, executor)
                 stack.enter_context(executor.warm_up(group, sessions))
-        progress = ProgressBar(total=executor.progress_total(group), show=show_progress)
+        config = executor.config
+        progress = ProgressBar(total=executor.progress_total(group), show=show_progress,
+                               seconds=None if config.trials_bounded else config.time_budget_s)
         try:
             with steps("tune_s"):
                 outcomes = executor.tune(group, sessions, progress)
@@ -366,7 +368,7 @@ def fleet_report(members: list[_Member], outcomes: dict, jobs: list[ShareJob], *
                                 "tuned": round(sum(r["weight"] * r["tuned_ms"] for r in done), 4)},
         "tasks": {"in_models": sum(len(m.keys) for m in members), "searched": len(keys), "shared": len(in_many),
                   "per_share": {job.label: len(job.tasks) for job in jobs}},
-        "trials": {"requested": config.trials,
+        "trials": {"requested": config.trials if config.trials_bounded else None,
                    "measured": {label: outcome.trials_done for label, outcome in outcomes.items()}},
         "shares": [job.label for job in jobs], "records_dirs": {job.label: job.db_dir for job in jobs},
         "tuning_wall_s": {label: round(outcome.wall_s, 2) for label, outcome in outcomes.items()},

@@ -330,7 +330,8 @@ class Pipeline:
             warm = stack.enter_context(self.executor.warm_up(group, sessions))
             with self._step("untuned_s"):
                 untuned = self.measure_untuned(group, sessions, loaded, settle=warm.settle)
-            progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress)
+            progress = ProgressBar(total=self.executor.progress_total(group), show=self.show_progress,
+                                   seconds=None if self.config.trials_bounded else self.config.time_budget_s)
             try:
                 with self._step("tune_s"):
                     outcomes = self.executor.tune(group, sessions, progress)

@@ -15,7 +15,7 @@ def tune_report(*, model: str, job, config, outcome, untuned: dict, tuned: dict,
     report = {
         "model": os.path.abspath(model) if os.path.exists(model) else model, "share": job.label, "share_choice": share_choice,
         "target": target_dict(job.target),
-        "trials": {"requested": config.trials, "measured": outcome.trials_done, "failed": outcome.trials_failed,
+        "trials": {"requested": config.trials if config.trials_bounded else None, "measured": outcome.trials_done, "failed": outcome.trials_failed,
                    "cached": outcome.trials_cached},
         "engine": outcome.engine, "phases": outcome.phases, "session_failures": outcome.session_failures,
         "latency_ms": {"untuned": untuned, "tuned": tuned,
