@@ -115,6 +115,15 @@ def _contexts(path: str, tmp_path):
     return target, [TaskState(i, t.task_name, 1.0, ctx) for i, (t, ctx) in enumerate(zip(tasks, contexts))]
 
 
+def _two_models(tmp_path):
+    """(target, the tasks of a small and of a larger dense model), numbered in that order, each 1 µs untuned."""
+    target, small = _contexts(_dense_onnx(str(tmp_path / "s.onnx"), m=40, k=72, n=48, residual=True), tmp_path / "s")
+    _, large = _contexts(_dense_onnx(str(tmp_path / "l.onnx"), m=40, k=64, n=96, residual=False), tmp_path / "l")
+    for i, task in enumerate(small + large):
+        task.index, task.untuned_us = i, 1.0
+    return target, small, large
+
+
 def test_each_gemm_task_gets_a_triton_trial_per_tile_config_until_every_share_has_recorded_it(tmp_path):
     pytest.importorskip("triton")
     from tunekit.clients.kernel_trials import plan_trials
@@ -143,22 +152,40 @@ def test_the_gemm_that_costs_the_model_most_is_tried_first(tmp_path):
     """Under a time budget the kernel trials may not all run (GPT-2's LM head: 16 candidates of a 77 MB weight): the
     task with the most weight x untuned latency goes first, a fused attention (cost unknown) before any."""
     pytest.importorskip("triton")
-    from tunekit.clients.kernel_trials import ScheduledTask, plan_trials
+    from tunekit.clients.kernel_trials import FIRST_ROUND, ScheduledTask, plan_trials
 
-    target, small = _contexts(_dense_onnx(str(tmp_path / "s.onnx"), m=40, k=72, n=48, residual=True), tmp_path / "s")
-    _, large = _contexts(_dense_onnx(str(tmp_path / "l.onnx"), m=40, k=64, n=96, residual=False), tmp_path / "l")
+    target, small, large = _two_models(tmp_path)
     tasks = small + large
-    for i, task in enumerate(tasks):
-        task.index, task.untuned_us = i, 1.0
     dirs = {"gpu40": str(tmp_path / "a")}
     by_index = [t.task.index for t in plan_trials(tasks, target=target, records_dirs=dirs)]
     first, second = sorted(set(by_index))
-    assert by_index == sorted(by_index)  # equal costs: in task order
+    assert by_index[0] == first and by_index[FIRST_ROUND] == second  # equal costs: in task order
     tasks[second].untuned_us = 50.0
     by_cost = [t.task.index for t in plan_trials(tasks, target=target, records_dirs=dirs)]
     assert by_cost[0] == second and by_cost[-1] == first and sorted(by_cost) == sorted(by_index)
     unknown = ScheduledTask(len(tasks), "fused", tasks[first].ctx)  # a fused attention's cost is not known
     assert plan_trials([*tasks, unknown], target=target, records_dirs=dirs)[0].task is unknown
+
+
+def test_every_task_gets_its_first_candidates_before_any_task_its_others(tmp_path):
+    """A budget that runs out after a few candidates (GPT-2 at 512, 90 s: all of it on the LM head's 13 tiles) still
+    leaves every GEMM task its first FIRST_ROUND tiles, the ones most often best, in its configurations' order."""
+    pytest.importorskip("triton")
+    from tunekit.clients.kernel_trials import FIRST_ROUND, plan_trials
+    from tunekit.kernels.gemm_plan import plan_of
+    from tunekit.kernels.triton_gemm import tile_configs
+
+    target, small, large = _two_models(tmp_path)
+    tasks = small + large
+    heavy = next(t for t in large if plan_of(t.ctx.mod["main"]))
+    heavy.untuned_us = 50.0
+    trials = plan_trials(tasks, target=target, records_dirs={"gpu40": str(tmp_path / "a")})
+    gemms = [t for t in tasks if plan_of(t.ctx.mod["main"])]
+    assert len(gemms) == 2 and len(trials) > 2 * FIRST_ROUND
+    first_round = trials[:2 * FIRST_ROUND]
+    assert [t.task for t in first_round] == [heavy] * FIRST_ROUND + [g for g in gemms if g is not heavy] * FIRST_ROUND
+    configs = [c.name for c in tile_configs(plan_of(heavy.ctx.mod["main"]))]
+    assert [t.config for t in trials if t.task is heavy] == configs  # each task's in its own order
 
 
 @pytest.mark.gpu

@@ -76,9 +76,21 @@ def available(target) -> bool:
         tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is not None
 
 
+# Each task's first candidates, before any task's others: the configurations most often best (kernels' lists put
+# them first), so a time budget that runs out still leaves every heavy task its likely winner
+FIRST_ROUND = 4
+
+
 def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[KernelTrial]:
-    """The candidates of `tasks` (TaskStates, ScheduledTasks) not yet in every share's kernel records, the tasks that
-    cost the model most first: a time budget that runs out leaves the lighter ones to MetaSchedule."""
+    """The candidates of `tasks` (TaskStates, ScheduledTasks) not yet in every share's kernel records: each task's
+    first FIRST_ROUND (a fused attention's hand-written kernel first among them), then the rest, the tasks that cost
+    the model most first in each round. A time budget that runs out leaves the lighter ones to MetaSchedule."""
+    per_task = _candidates(tasks, target=target, records_dirs=records_dirs)
+    return [t for c in per_task for t in c[:FIRST_ROUND]] + [t for c in per_task for t in c[FIRST_ROUND:]]
+
+
+def _candidates(tasks: list, *, target, records_dirs: dict[str, str]) -> list[list[KernelTrial]]:
+    """Each task's candidates not yet measured at every share, in its configurations' order, heaviest task first."""
     from ..kernels.candidates import HANDWRITTEN, configs_of, needs_baseline
     from ..records.baselines import workload_key
 
@@ -98,8 +110,8 @@ def plan_trials(tasks: list, *, target, records_dirs: dict[str, str]) -> list[Ke
         if names and needs_baseline(func):
             names = [HANDWRITTEN, *names]
         key = workload_key(task.ctx.mod)
-        trials += [KernelTrial(task, key, name, func) for name in names
-                   if not all((key, kind_of(name), name) in d for d in done)]
+        trials.append([KernelTrial(task, key, name, func) for name in names
+                       if not all((key, kind_of(name), name) in d for d in done)])
     return trials
 
 

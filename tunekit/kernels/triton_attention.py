@@ -43,10 +43,11 @@ class AttentionConfig:
         return config_from_name(cls, r"attn_m(\d+)n(\d+)w(\d+)s(\d+)", name, "attention configuration")
 
 
-# Triton's fused-attention tutorial's tiles, and smaller ones for batch-1 sequences of a few hundred rows
-_CONFIGS = [AttentionConfig(64, 64, 4, 3), AttentionConfig(128, 64, 8, 3), AttentionConfig(64, 32, 4, 3),
-            AttentionConfig(32, 64, 4, 2), AttentionConfig(128, 32, 4, 2), AttentionConfig(16, 64, 4, 2),
-            AttentionConfig(64, 128, 4, 2), AttentionConfig(128, 128, 8, 2)]
+# Triton's fused-attention tutorial's tiles, and smaller ones for batch-1 sequences of a few hundred rows; the best at
+# 40% of an H200 first (sequence 128, 197, 512: benchmarks/results/h200-transformers-*), as kernel trials take them
+_CONFIGS = [AttentionConfig(64, 64, 4, 3), AttentionConfig(16, 64, 4, 2), AttentionConfig(64, 128, 4, 2),
+            AttentionConfig(128, 64, 8, 3), AttentionConfig(32, 64, 4, 2), AttentionConfig(64, 32, 4, 3),
+            AttentionConfig(128, 32, 4, 2), AttentionConfig(128, 128, 8, 2)]
 
 
 def spec_json(spec) -> str:

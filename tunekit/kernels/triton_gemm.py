@@ -39,15 +39,16 @@ class TileConfig:
         return config_from_name(cls, r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)g(\d+)", name, "tile configuration")
 
 
-# Triton's matmul tutorial's configurations for Hopper and Ampere, smaller-M ones for a batch of a few rows, deeper K
-# steps for the short reductions of batch-1 transformers (K = 768: 12 steps of 64, 6 of 128), and the two that were
-# best at sequence 512 on 40% of an H200 (benchmarks/RESULTS.md, "Unaligned weight rows"; the last two here)
-_CONFIGS = [TileConfig(128, 256, 64, 8, 3), TileConfig(64, 256, 32, 4, 4), TileConfig(128, 128, 32, 4, 4),
+# The tiles most often best at 40% of an H200 first (kernel trials take each task's first few before any task's
+# others), then Triton's matmul tutorial's configurations for Hopper and Ampere, smaller-M ones for a batch of a few
+# rows, and deeper K steps for the short reductions of batch-1 transformers (K = 768: 12 steps of 64, 6 of 128)
+# (benchmarks/RESULTS.md, "Unaligned weight rows")
+_CONFIGS = [TileConfig(64, 128, 64, 4, 3), TileConfig(128, 128, 32, 4, 4), TileConfig(128, 256, 64, 8, 3),
+            TileConfig(128, 128, 64, 8, 3), TileConfig(64, 64, 128, 4, 3), TileConfig(128, 256, 32, 8, 4),
+            TileConfig(64, 128, 128, 4, 3), TileConfig(128, 64, 64, 4, 3), TileConfig(64, 256, 32, 4, 4),
             TileConfig(128, 64, 32, 4, 4), TileConfig(64, 128, 32, 4, 4), TileConfig(128, 32, 32, 4, 4),
             TileConfig(64, 32, 32, 2, 5), TileConfig(32, 64, 32, 2, 5), TileConfig(64, 64, 64, 4, 3),
-            TileConfig(32, 128, 64, 4, 3), TileConfig(16, 128, 64, 4, 3), TileConfig(16, 64, 64, 4, 4),
-            TileConfig(64, 128, 64, 4, 3), TileConfig(128, 128, 64, 8, 3), TileConfig(128, 64, 64, 4, 3),
-            TileConfig(64, 64, 128, 4, 3), TileConfig(128, 256, 32, 8, 4), TileConfig(64, 128, 128, 4, 3)]
+            TileConfig(32, 128, 64, 4, 3), TileConfig(16, 128, 64, 4, 3), TileConfig(16, 64, 64, 4, 4)]
 
 
 def tile_configs(plan) -> list[TileConfig]:
