@@ -3,7 +3,7 @@
 A matmul's B laid out [K, N] with N elements not a multiple of 16 bytes puts every row but the first off a 16-byte
 boundary, and no kernel can then load it 16 bytes at a time. ONNX exporters write a tied LM head's weight that way
 (GPT-2: [768, 50257]); at 40% of an H200 Triton's best tile took 506 µs on it against 186 µs on the same weight laid
-out [N, K] (benchmarks/RESULTS.md, "Unaligned weight rows"). This pass runs between FoldConstant and FuseOps: each
+out [N, K] (benchmarks/results/h200-transformers-max-autotune, "GPT-2's LM head"). This pass runs between FoldConstant and FuseOps: each
 such matmul gets its weight as a constant [N, K] and a PrimFunc that reads it as B[n, k] (kernels.gemm_plan's
 b_transposed), so its epilogue still fuses into it.
 """
@@ -66,15 +66,18 @@ def _reading_transposed(func, plan):
     from tvm import te
 
     x_buf, out_buf = func.params[plan.a], func.params[plan.out]
-    dims = lambda shape: [tvm.tirx.IntImm("int64", int(d)) for d in shape]  # noqa: E731 (Relax's shapes are int64)
-    x = te.placeholder(dims(x_buf.shape), plan.in_dtype, "A")
-    w = te.placeholder(dims((plan.n, plan.k)), plan.in_dtype, "B")
-    k = te.reduce_axis((tvm.tirx.IntImm("int64", 0), tvm.tirx.IntImm("int64", plan.k)), "k")
-    out_shape = dims(out_buf.shape)
-    out = te.compute(out_shape, lambda *i: te.sum(
+    x = te.placeholder(_int64(x_buf.shape), plan.in_dtype, "A")
+    w = te.placeholder(_int64((plan.n, plan.k)), plan.in_dtype, "B")
+    k = te.reduce_axis(tuple(_int64((0, plan.k))), "k")
+    out = te.compute(_int64(out_buf.shape), lambda *i: te.sum(
         x[(*i[:-1], k)].astype(plan.out_dtype) * w[i[-1], k].astype(plan.out_dtype), axis=k), name="matmul")
     params = {plan.a: x, plan.b: w, plan.out: out}
     made = te.create_prim_func([params[i] for i in sorted(params)]).without_attr("global_symbol")
     for key, value in (func.attrs.items() if func.attrs is not None else ()):
         made = made.with_attr(key, value)
     return made
+
+
+def _int64(values) -> list:
+    """Shapes as Relax's legalized functions have them (int64): FuseTIR refuses buffers that differ in that."""
+    return [tvm.tirx.IntImm("int64", int(v)) for v in values]

@@ -42,7 +42,7 @@ class TileConfig:
 # The tiles most often best at 40% of an H200 first (kernel trials take each task's first few before any task's
 # others), then Triton's matmul tutorial's configurations for Hopper and Ampere, smaller-M ones for a batch of a few
 # rows, and deeper K steps for the short reductions of batch-1 transformers (K = 768: 12 steps of 64, 6 of 128)
-# (benchmarks/RESULTS.md, "Unaligned weight rows")
+# (benchmarks/results/h200-transformers-max-autotune, "GEMM tiles in CUDA graphs")
 _CONFIGS = [TileConfig(64, 128, 64, 4, 3), TileConfig(128, 128, 32, 4, 4), TileConfig(128, 256, 64, 8, 3),
             TileConfig(128, 128, 64, 8, 3), TileConfig(64, 64, 128, 4, 3), TileConfig(128, 256, 32, 8, 4),
             TileConfig(64, 128, 128, 4, 3), TileConfig(128, 64, 64, 4, 3), TileConfig(64, 256, 32, 4, 4),
