@@ -154,9 +154,11 @@ def test_a_task_replaced_in_the_module_keeps_its_call_brings_its_device_module_a
 
 
 @pytest.mark.gpu
-def test_gpu_a_model_with_its_gemm_as_a_triton_kernel_computes_the_same(tmp_path):
+@pytest.mark.parametrize("n", [48, 37])
+def test_gpu_a_model_with_its_gemm_as_a_triton_kernel_computes_the_same(tmp_path, n):
     """On the device: the model with its GEMM task replaced by the Triton kernel (compiled for the GPU's
-    architecture, linked into the artifact) against onnxruntime fp32, within the fp16 bound."""
+    architecture, linked into the artifact) against onnxruntime fp32, within the fp16 bound; N = 37 with its weight
+    stored [N, K] (frontend.aligned_weights)."""
     import os
 
     from tvm import relax
@@ -171,7 +173,7 @@ def test_gpu_a_model_with_its_gemm_as_a_triton_kernel_computes_the_same(tmp_path
     from tunekit.targets import target_for
 
     os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
-    path = _dense_onnx(str(tmp_path / "d.onnx"), m=40, k=72, n=48, residual=True)
+    path = _dense_onnx(str(tmp_path / "d.onnx"), m=40, k=72, n=n, residual=True)
     model = load_model(path)
     target = target_for(Share("gpu", 100))
     prepared, tasks = _tasks(path, target)
