@@ -159,3 +159,28 @@ def test_a_fused_attentions_triton_kernel_is_counted_by_the_check_without_a_gpu(
     fused = result.scheduled_checks[0]
     assert fused.triton_configs >= 6 and fused.triton_error is None and result.triton_tasks >= 1
     assert result.to_dict()["scheduled_checks"][0]["triton_configs"] == fused.triton_configs
+
+
+def test_without_triton_the_check_says_so_in_one_line_and_the_model_is_still_ready(tmp_path):
+    """`tunekit check` in a Python without Triton (this venv's own, without the tests' .tritonsite): the GEMM would
+    get no Triton kernel on such a machine, which one line says; the model still tunes (exit 0)."""
+    import json
+    import subprocess
+    import sys
+
+    from test_triton_gemm import _dense_onnx
+
+    path = _dense_onnx(str(tmp_path / "d.onnx"), m=40, k=72, n=48, residual=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('triton') is None)"],
+                           capture_output=True, text=True, env=env)
+    if probe.stdout.strip() != "True":
+        pytest.skip("Triton is installed in this Python itself")
+    cli = [sys.executable, "-m", "tunekit.cli", "check", path, "--gpu-arch", "sm_90"]
+    text = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in text.stdout.splitlines() + text.stderr.splitlines() if "Triton" in line]
+    assert text.returncode == 0 and len(lines) == 1, (text.stdout, text.stderr)
+    assert "not compiled for 1 task(s): Triton is not installed here" in lines[0]
+    result = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True, env=env, timeout=600).stdout)
+    assert result["ready"] and result["triton_tasks"] == 0
+    assert [t["triton_error"] for t in result["tasks"] if t["triton_configs"]] == ["Triton is not installed here"]

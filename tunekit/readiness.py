@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from .errors import TunekitError
 
 # Architectures TVM 0.27 builds CUDA for: Maxwell (sm_50) and newer.
+NO_TRITON = "Triton is not installed here"  # a task's triton_error when nothing could be compiled for it
 _ARCH = re.compile(r"sm_(\d{2,3})[af]?")
 
 
@@ -94,8 +95,13 @@ class CheckResult:
             and self.untuned_build_detail else []
         kept = [f"precision: fp16, {len(self.fp32_kept)} binding(s) kept in fp32: {'; '.join(self.fp32_kept[:3])}"] \
             if self.fp32_kept else []
+        checks = self.tasks + self.scheduled_checks
         triton = [f"task {t.name}: its Triton kernel does not compile here ({t.triton_error}); MetaSchedule's kernels only"
-                  for t in self.tasks + self.scheduled_checks if t.triton_error]
+                  for t in checks if t.triton_error and t.triton_error != NO_TRITON]
+        missing = sum(t.triton_error == NO_TRITON for t in checks)
+        if missing:  # one line, not one per task: the machine lacks Triton, the tasks are fine
+            triton.append(f"Triton kernels: not compiled for {missing} task(s): {NO_TRITON} (a tune on a machine "
+                          "without it measures MetaSchedule's kernels only; pip install 'tunekit[gpu]')")
         return [*self.problems, *kept, *skipped, *triton, self.summary()]
 
 
@@ -225,11 +231,11 @@ def _task_checks(tasks: list, target, progress) -> list[TaskCheck]:
 
 def _triton_check(func, target) -> dict:
     """A GEMM's or fused attention's Triton configurations, its first compiled for the target's architecture
-    (Triton's own ptxas, no GPU): TaskCheck's triton fields. Nothing for another task, a CPU target, or without
-    Triton."""
+    (Triton's own ptxas, no GPU): TaskCheck's triton fields. Nothing for another task or a CPU target; NO_TRITON as
+    the error without Triton."""
     import importlib.util
 
-    if target.kind.name != "cuda" or importlib.util.find_spec("triton") is None:
+    if target.kind.name != "cuda":
         return {}
     from .kernels.candidates import compile_kernel, configs_of
     from .kernels.triton_compile import arch_of
@@ -240,6 +246,8 @@ def _triton_check(func, target) -> dict:
         return {}
     if not configs:
         return {}
+    if importlib.util.find_spec("triton") is None:
+        return {"triton_configs": len(configs), "triton_error": NO_TRITON}
     try:
         compile_kernel(func, configs[0], arch=arch_of(target))
     except Exception as exc:
