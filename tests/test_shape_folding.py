@@ -162,3 +162,25 @@ def test_check_says_ready_on_sm_90(name, tmp_path):
     result = json.loads(proc.stdout)
     assert result["precision"] == "fp16" and not result["problems"], result["problems"]
 
+
+
+def test_the_importer_does_not_check_the_model_again_and_the_checker_is_left_as_it_was():
+    """load_onnx checks the file; TVM's importer ran onnx's checker again on the model in memory (only to warn, after
+    serializing it: hundreds of MB for GPT-2, twice when the import is redone folded). Here the checker would complain
+    (an output without a type): no warning comes from the import, and the checker still complains after it."""
+    import warnings
+
+    import onnx
+
+    from tunekit.frontend import onnx_loader
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    untyped = helper.make_empty_tensor_value_info("y")
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [untyped])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        onnx_loader.import_to_relax(model, onnx_loader.model_inputs(model, {}))
+    assert not [w for w in caught if "value_info" in str(w.message)], [str(w.message) for w in caught]
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)

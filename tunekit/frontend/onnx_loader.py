@@ -204,7 +204,21 @@ def _from_onnx(model, inputs: ModelInputs):
 
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed):
+        with contextlib.redirect_stdout(printed), _not_checked_again():
             return from_onnx(model, shape_dict=inputs.shapes, dtype_dict=inputs.dtypes)
     except Exception as exc:
         raise _ImportFailed(exc, printed.getvalue()) from None
+
+
+@contextlib.contextmanager
+def _not_checked_again():
+    """TVM's importer runs onnx's checker on the model it is given, only to warn, and serializes the model for it
+    (hundreds of MB for GPT-2, twice when the import is done again folded); load_onnx checked the file already."""
+    import onnx.checker
+
+    check = onnx.checker.check_model
+    onnx.checker.check_model = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        onnx.checker.check_model = check
