@@ -13,6 +13,7 @@
 #           11 GPU tests took more than 420 s on the H200, the stock half of test_design_spaces among them)
 #   torch   PyTorch again, after the steps before it: TORCH_LATE_VARIANTS (e.g. maxautotune-fp16, whose minutes of
 #           compiling would otherwise delay every tune) for TORCH_MODELS at TORCH_PCTS, appended to the same results
+#   gemm    benchmarks/gemm_layouts.py at 40%: GPT-2's LM head with its weight [K, N] and [N, K] (GEMM_FLAGS: more flags)
 #   r18     ResNet-18 tuned at 40% alone for R18_TRIALS trials (issue 14's seconds per trial), flags R18_FLAGS
 #   r18b    the same with R18B_FLAGS (a second setting, side by side in the same lease); r18c: R18C_FLAGS
 #   coord   coordinator_scaling.py on ResNet-18 at 40%: COORD_SETUPS (default 2x2x1,4x2x2: 1 GPU against 2, issue
@@ -102,6 +103,8 @@ case "$1" in
         torch) [ -z "$TORCH_MODELS" ] || echo "python3 benchmarks/vs_pytorch.py pytorch --models $TORCH_MODELS" \
                  "--pcts ${TORCH_PCTS:-40} --variants ${TORCH_LATE_VARIANTS:?TORCH_LATE_VARIANTS} --work /tmp/vs" \
                  "--results $R --call-s 1800 > $R/pytorch-late.log 2>&1; echo \"pytorch late rc=\$?\"" ;;
+        gemm) echo "python3 benchmarks/gemm_layouts.py --gpu-pct 40 --json $R/gemm_layouts.json ${GEMM_FLAGS:-}" \
+                  "> $R/gemm_layouts.md 2> $R/gemm_layouts.log; echo \"gemm rc=\$?\"" ;;
         r18|r18b|r18c) flags=${R18_FLAGS:---trials-per-iter 16}; [ $step = r18b ] && flags=${R18B_FLAGS:?R18B_FLAGS}
              [ $step = r18c ] && flags=${R18C_FLAGS:?R18C_FLAGS}
              echo "mkdir -p $R/$step-gpu40"
