@@ -50,14 +50,13 @@ def _rewritten(mod, builder, call, made):
             or len(func.params[plan.a].shape) != len(func.params[plan.out].shape):
         return None
     weight = args[plan.b]
-    if not isinstance(weight, tvm.ir.expr.Constant):
-        return None
-    value = weight.value.numpy()
-    if value.ndim != 2 or plan.n * value.itemsize % ALIGN_BYTES == 0:
+    b_buf = func.params[plan.b]  # its dtype and rank, without copying the weight out of the constant
+    if not isinstance(weight, tvm.ir.expr.Constant) or len(b_buf.shape) != 2 \
+            or plan.n * tvm.DataType(str(b_buf.dtype)).bits // 8 % ALIGN_BYTES == 0:
         return None
     if gv not in made:
         made[gv] = builder.add_func(_reading_transposed(func, plan), f"{gv.name_hint}_nt")
-    args[plan.b] = relax.const(value.T.copy())
+    args[plan.b] = relax.const(weight.value.numpy().T.copy())
     return relax.Call(call.op, [made[gv], relax.Tuple(args)], call.attrs, call.ty_args)
 
 
