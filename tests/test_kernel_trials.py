@@ -221,7 +221,7 @@ def test_gpu_tuning_tries_triton_kernels_checks_them_at_the_share_and_reports_th
 def test_the_summary_says_which_tasks_run_kernels_of_another_kind():
     """`tunekit tune`'s summary line, from the report of a tune on the H200 (benchmarks/results): ViT-B/16's four
     GEMMs and its fused attention ran Triton; a row left to MetaSchedule's, the untuned or the hand-written kernel
-    does not count, and a run without any says nothing."""
+    does not count, a run that shipped its untuned build says none was, and a run without any says nothing."""
     import json
     import os
 
@@ -233,6 +233,7 @@ def test_the_summary_says_which_tasks_run_kernels_of_another_kind():
         report = json.load(fh)
     assert kernels_line(report) == ("\nkernels: triton for 4 task(s) and 1 fused attention(s) "
                                     "(report tasks[].kernel, fused_kernels)")
+    assert "kernels: none shipped" in kernels_line({**report, "artifact_choice": "untuned"})
     report["fused_kernels"][0]["kernel"] = "handwritten"
     for row in report["tasks"]:
         row["kernel"] = "metaschedule" if row["kernel"] == "triton" else row["kernel"]

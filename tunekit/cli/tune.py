@@ -176,6 +176,9 @@ def kernels_line(report: dict) -> str:
     fused = [r for r in report.get("fused_kernels", []) if other_kind(r.get("kernel"))]
     if not tasks and not fused:
         return ""
+    if report.get("artifact_choice") == "untuned":  # the shipped build has none of the tuned kernels
+        return (f"\nkernels: none shipped; the tuned build (with {len(tasks) + len(fused)} kernel(s) of another kind) "
+                "measured slower than the untuned one (report artifact_choice)")
     kinds = "/".join(sorted({row["kernel"] for row in tasks + fused}))
     return (f"\nkernels: {kinds} for {len(tasks)} task(s) and {len(fused)} fused attention(s) "
             "(report tasks[].kernel, fused_kernels)")
