@@ -156,11 +156,19 @@ def test_gpu_tuning_measures_the_fused_attention_beside_its_triton_kernels_and_b
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)["report"]
     records = kernel_records.read(os.path.join(tmp_path / "t", "records-gpu40"))
-    assert {r.kind for r in records} == {"handwritten", "triton"} and all(r.checked for r in records), records
+    assert {r.kind for r in records} == {"handwritten", "triton"}, records
+    # A tile may be wrong under MPS at 40% (attn_m16n64w4s2 gave NaN there and was right at 100%): it is refused,
+    # never timed; every other candidate is checked and timed
+    assert all(r.checked and r.run_secs or "wrong output at the share" in r.error for r in records), records
+    assert any(r.checked for r in records if r.kind == "triton"), records
     (row,) = report["fused_kernels"]
     assert row["handwritten_us"] > 0 and row["kernel"] in ("triton", "handwritten")
     assert min(o["cosine"] for o in report["numerics"]["tuned"]) > 0.999
-    if row["kernel"] == "triton":
-        assert row["kernel_us"] < row["handwritten_us"]
-        with open(report["artifact"], "rb") as fh:
-            assert b"tunekit_attention_" in fh.read()
+    if row["kernel"] == "triton":  # `tunekit compile`'s build carries its cubin, and so does the tune's artifact
+        assert row["kernel_us"] < row["handwritten_us"]  # unless the untuned build measured faster and was shipped
+        compiled = tmp_path / "compiled.so"
+        proc = run_cli("compile", path, "--records", tmp_path / "t", "--out", compiled)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for artifact in [compiled] + ([report["artifact"]] if report["artifact_choice"] == "tuned" else []):
+            with open(artifact, "rb") as fh:
+                assert b"tunekit_attention_" in fh.read(), (artifact, report["artifact_choice"])
