@@ -1,7 +1,9 @@
 """One GEMM's Triton kernels (kernels.triton_gemm, every tile configuration) with the weight laid out [K, N] and [N, K],
 beside torch.matmul (cuBLAS) on the same operands, at MPS shares: µs per call (CUDA events over 30 back-to-back calls),
 the best tile's TFLOP/s and its fraction of the share's fp16 tensor-core peak, and each kernel's largest error against
-fp32 on the GPU.
+fp32 on the GPU. With --floors, each shape's floor at the share: a kernel that does nothing (timed the same way) plus
+the longer of its FLOPs at the share's peak and its bytes at the share's copy bandwidth (torch's device-to-device
+copy of 256 MB), so the best tile's fraction of the peak is set beside the most that floor allows.
 
 Why: a weight [K, N] whose rows are not 16-byte multiples (GPT-2's LM head, N = 50257) cannot be loaded in 16-byte
 vectors; frontend.aligned_weights stores it [N, K]. Each share's timing runs in a process pinned to the share
@@ -9,6 +11,7 @@ vectors; frontend.aligned_weights stores it [N, K]. Each share's timing runs in 
 
   python benchmarks/gemm_layouts.py --gpu-pct 40 [--shapes 512x768x50257,512x768x50304] [--out-dtypes float32,float16]
   python benchmarks/gemm_layouts.py --gpu-pct 40 --shapes 197x768x3072,512x768x3072,512x3072x768 --layouts kn --graphs 1
+  python benchmarks/gemm_layouts.py --gpu-pct 40 --shapes 197x768x2304,197x768x3072 --layouts kn --graphs 1 --floors 1
 """
 from __future__ import annotations
 
@@ -49,6 +52,24 @@ def _time_us(fn, *, number: int, graphs: bool) -> float:
     return start.elapsed_time(end) / number / per_call * 1000
 
 
+def _floors(args) -> dict:
+    """A kernel's fixed cost (one that stores one element, timed as the tiles are) and the copy bandwidth here."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def nothing(out):
+        tl.store(out, 1.0)
+
+    one = torch.empty(1, device="cuda")
+    src = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    copy_us = _time_us(lambda: dst.copy_(src), number=20, graphs=False)
+    return {"empty_kernel_us": round(_time_us(lambda: nothing[(1,)](one), number=args.number, graphs=args.graphs), 3),
+            "copy_gbps": round(2 * src.numel() / copy_us / 1e3, 1)}  # read and written
+
+
 def worker(args) -> None:
     """In the pinned process: every shape, layout and output dtype, one JSON line each."""
     import torch
@@ -57,6 +78,7 @@ def worker(args) -> None:
     from tunekit.kernels.gemm_plan import GemmPlan
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    floors = _floors(args) if args.floors else {}
     for shape in args.shapes.split(","):
         m, k, n = (int(x) for x in shape.split("x"))
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -86,7 +108,16 @@ def worker(args) -> None:
                 print(json.dumps({"shape": shape, "layout": layout, "out_dtype": out_dtype, "sm_count": sms,
                                   "gpu": torch.cuda.get_device_name(0),
                                   "cublas_us": round(cublas, 2), "best": best, "best_us": tiles[best][0],
-                                  "best_tflops": round(tflops, 1), "tiles": tiles}), flush=True)
+                                  "best_tflops": round(tflops, 1), "tiles": tiles, **floors,
+                                  "bytes": 2 * (m * k + k * n) + out.element_size() * m * n}), flush=True)
+
+
+def floor_us(row: dict, share_peak_tflops: float) -> tuple[float, float]:
+    """(the row's floor in µs, its FLOPs): the empty kernel's cost plus the longer of compute at the share's peak
+    and bytes at its copy bandwidth."""
+    m, k, n = (int(x) for x in row["shape"].split("x"))
+    flops = 2 * m * n * k
+    return row["empty_kernel_us"] + max(flops / share_peak_tflops / 1e6, row["bytes"] / row["copy_gbps"] / 1e3), flops
 
 
 def main(argv=None) -> None:
@@ -99,20 +130,27 @@ def main(argv=None) -> None:
     parser.add_argument("--layouts", default="kn,nk", help="the weight as [K, N] (kn), as [N, K] (nk)")
     parser.add_argument("--out-dtypes", default="float32,float16")
     parser.add_argument("--graphs", type=int, default=0, help="1: time CUDA-graph replays (no launch cost)")
+    parser.add_argument("--floors", type=int, default=0, help="1: each shape's floor at the share (see above)")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
     rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
         "shapes": args.shapes, "layouts": args.layouts, "out-dtypes": args.out_dtypes, "number": args.number,
-        "graphs": args.graphs}, timeout_s=600)
-    print("| share | M x K x N | weight | out | best Triton tile | µs | TFLOP/s | of the share's peak | cuBLAS µs |")
-    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
+        "graphs": args.graphs, "floors": args.floors}, timeout_s=600)
+    floors = " floor µs | most of the peak the floor allows |" if args.floors else ""
+    print("| share | M x K x N | weight | out | best Triton tile | µs | TFLOP/s | of the share's peak | cuBLAS µs |"
+          + floors)
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * bool(floors))
     for row in rows:
         peak = device_peak(row["gpu"])
         share_peak = peak.tensor_fp16_tflops * min(1.0, row["sm_count"] / peak.sms) if peak else float("nan")
-        print(f"| {row['share']} | {row['shape']} | [{'N, K' if row['layout'] == 'nk' else 'K, N'}] | "
-              f"{row['out_dtype']} | {row['best']} | {row['best_us']} | {row['best_tflops']} | "
-              f"{row['best_tflops'] / share_peak:.0%} | {row['cublas_us']} |")
+        line = (f"| {row['share']} | {row['shape']} | [{'N, K' if row['layout'] == 'nk' else 'K, N'}] | "
+                f"{row['out_dtype']} | {row['best']} | {row['best_us']} | {row['best_tflops']} | "
+                f"{row['best_tflops'] / share_peak:.0%} | {row['cublas_us']} |")
+        if floors:
+            us, flops = floor_us(row, share_peak)
+            line += f" {us:.2f} | {flops / us / 1e6 / share_peak:.0%} |"
+        print(line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows}, fh, indent=1)
