@@ -152,9 +152,9 @@ def test_gpu_tuning_measures_the_fused_attention_beside_its_triton_kernels_and_b
     from tunekit.testing import run_cli
 
     path = _attention_onnx(str(tmp_path / "a.onnx"), seq=300, dim=64)
-    proc = run_cli("tune", path, "--gpu-pct", "40", "--trials", "8", "--out", tmp_path / "t", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)["report"]
+    tune = run_cli("tune", path, "--gpu-pct", "40", "--trials", "8", "--out", tmp_path / "t", "--json")
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    report = json.loads(tune.stdout)["report"]
     records = kernel_records.read(os.path.join(tmp_path / "t", "records-gpu40"))
     assert {r.kind for r in records} == {"handwritten", "triton"}, records
     # A tile may be wrong under MPS at 40% (attn_m16n64w4s2 gave NaN there and was right at 100%): it is refused,
@@ -171,4 +171,5 @@ def test_gpu_tuning_measures_the_fused_attention_beside_its_triton_kernels_and_b
         assert proc.returncode == 0, proc.stderr[-3000:]
         for artifact in [compiled] + ([report["artifact"]] if report["artifact_choice"] == "tuned" else []):
             with open(artifact, "rb") as fh:
-                assert b"tunekit_attention_" in fh.read(), (artifact, report["artifact_choice"])
+                assert b"tunekit_attention_" in fh.read(), \
+                    (artifact, row, report["artifact_choice"], tune.stderr[-2000:])
