@@ -134,9 +134,11 @@ def records_command(args) -> int:
 
 
 def add_example(p) -> None:
-    p.add_argument("--name", default="tiny_cnn")
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    from ..models.examples import EXAMPLES
+
+    p.add_argument("--name", default="tiny_cnn", choices=EXAMPLES, help="which model (default tiny_cnn)")
+    p.add_argument("--out", required=True, metavar="FILE.onnx", help="where to write it")
+    p.add_argument("--seed", type=int, default=0, help="the weights' seed (default 0)")
 
 
 def example_command(args) -> int:
