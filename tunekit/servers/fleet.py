@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import select
+import socket
 import stat
 import subprocess
 import sys
@@ -130,8 +132,9 @@ class RunnerFleet:
         self._launcher = ServerLauncher.create(self.config.server_mode)
         check_listen(self.config.host, self.config.secret, self.config.server_mode)
         atexit.register(self.stop)
-        self.tracker_port = free_port(self.config.host)
-        self._tracker = self._start_tracker()
+        self._tracker_socket = _listening_socket(self.config.host)
+        self.tracker_port = self._tracker_socket.getsockname()[1]
+        self._tracker = self._start_tracker(signal_ready=True)
         if self._launcher.starts_before_tracker:  # both import TVM: at once, not one after the other
             self._servers = [self._start_server() for _ in range(self.config.servers)]
             self._wait_tracker()
@@ -149,12 +152,14 @@ class RunnerFleet:
                 return True
         return False
 
-    def _start_tracker(self) -> subprocess.Popen:
+    def _start_tracker(self, *, signal_ready: bool = False) -> subprocess.Popen:
         # Our own launcher around TVM's tracker: it runs in this child process (not in a PopenWorker
-        # grandchild that outlives a SIGKILLed parent) and exits when its parent is gone.
-        return subprocess.Popen([sys.executable, "-m", "tunekit.servers.fleet", "--tracker-host", self.config.host,
-                                 "--tracker-port", str(self.tracker_port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # grandchild that outlives a SIGKILLed parent) and exits when its parent is gone. It serves the socket this
+        # process listens on (_listening_socket) and says so on stdout (`signal_ready`: _wait_tracker reads it).
+        fd = self._tracker_socket.fileno()
+        return subprocess.Popen([sys.executable, "-m", "tunekit.servers.fleet", "--tracker-fd", str(fd)],
+                                pass_fds=(fd,), stdout=subprocess.PIPE if signal_ready else subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
 
     def _start_server(self) -> subprocess.Popen:
         port = free_port(self.config.host)
@@ -187,19 +192,19 @@ class RunnerFleet:
         return getattr(self, "_log_path", None)
 
     def _wait_tracker(self) -> None:
-        # TVM's stock servers that find no tracker back off for 5 s: they start only once it listens.
-        import socket
-
+        """Until the tracker serves its socket (it says so on stdout): a connection before then waits in the socket's
+        backlog, and one to a tracker that died at start-up would wait there for good."""
         deadline = time.time() + self.config.start_timeout_s
-        while time.time() < deadline:
-            if self._tracker.poll() is not None:
-                raise RunFailed("the RPC tracker exited at start-up")
-            try:
-                socket.create_connection((self.config.connect_host, self.tracker_port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RunFailed("the RPC tracker did not start listening")
+        pipe = self._tracker.stdout
+        try:
+            while time.time() < deadline:
+                if select.select([pipe], [], [], 0.1)[0] and pipe.readline().strip() == _READY:
+                    return
+                if self._tracker.poll() is not None:
+                    raise RunFailed(f"the RPC tracker exited at start-up (exit code {self._tracker.returncode})")
+            raise RunFailed("the RPC tracker did not start listening")
+        finally:
+            pipe.close()
 
     def _wait_ready(self) -> None:
         deadline = time.time() + self.config.start_timeout_s
@@ -305,40 +310,48 @@ class RunnerFleet:
                 proc.kill()
         self._servers = []
         self._tracker = None
+        if getattr(self, "_tracker_socket", None) is not None:
+            self._tracker_socket.close()
+            self._tracker_socket = None
 
     @property
     def server_pids(self) -> list[int]:
         return [p.pid for p in self._servers if p is not None]
 
 
+_READY = b"tracker ready"
+
+
+def _listening_socket(host: str) -> socket.socket:
+    """The tracker's socket, bound to a port the OS picks and listening, in the fleet's own process. The tracker
+    process serves it (pass_fds), so no other process can take the port between its choice and the tracker's bind (a
+    tune started beside other jobs died of that: "the RPC tracker exited at start-up"), and a restarted tracker
+    serves the same socket, its port never free in between."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(16)
+    return sock
+
+
 def _tracker_main(argv=None) -> None:
-    """`python -m tunekit.servers.fleet --tracker-host H --tracker-port P`: TVM's RPC tracker in this process."""
+    """`python -m tunekit.servers.fleet --tracker-fd FD`: TVM's RPC tracker in this process, on the listening socket
+    FD that the fleet's process passed it."""
     import argparse
-    import socket
+    import secrets
 
     from tvm.rpc import tracker
 
     from .warm_server import exit_with_parent
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tracker-host", required=True)
-    parser.add_argument("--tracker-port", type=int, required=True)
+    parser.add_argument("--tracker-fd", type=int, required=True)
     args = parser.parse_args(argv)
     exit_with_parent()
     tracker.logger.setLevel(logging.ERROR)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.tracker_host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    for _ in range(50):  # a restarted tracker: the old socket may linger for a moment
-        try:
-            sock.bind((args.tracker_host, args.tracker_port))
-            break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        sys.exit(f"tracker: cannot bind {args.tracker_host}:{args.tracker_port}")
-    sock.listen(16)
-    import secrets
-
+    sock = socket.socket(fileno=args.tracker_fd)
+    sys.stdout.buffer.write(_READY + b"\n")
+    sys.stdout.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the fleet's process reads one line, then closes
     tracker._tracker_server(sock, secrets.token_hex(16))  # the STOP key: random, never used
 
 
