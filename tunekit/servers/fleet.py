@@ -157,9 +157,10 @@ class RunnerFleet:
         # grandchild that outlives a SIGKILLed parent) and exits when its parent is gone. It serves the socket this
         # process listens on (_listening_socket) and says so on stdout (`signal_ready`: _wait_tracker reads it).
         fd = self._tracker_socket.fileno()
-        return subprocess.Popen([sys.executable, "-m", "tunekit.servers.fleet", "--tracker-fd", str(fd)],
-                                pass_fds=(fd,), stdout=subprocess.PIPE if signal_ready else subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        with self._server_log() as log_file:  # the child has its own copy
+            return subprocess.Popen([sys.executable, "-m", "tunekit.servers.fleet", "--tracker-fd", str(fd)],
+                                    pass_fds=(fd,), stdout=subprocess.PIPE if signal_ready else subprocess.DEVNULL,
+                                    stderr=log_file)
 
     def _start_server(self) -> subprocess.Popen:
         port = free_port(self.config.host)
@@ -170,7 +171,8 @@ class RunnerFleet:
         env.pop(SECRET_ENV, None)
         if self.config.secret and self._launcher.checks_secret:
             env[SECRET_ENV] = self.config.secret.decode()  # the environment, never argv (ps shows argv)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._server_log(), env=env, **kwargs)
+        with self._server_log() as log_file:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, env=env, **kwargs)
         proc.tunekit_port = port
         proc.tunekit_started = time.monotonic()
         return proc
@@ -201,7 +203,8 @@ class RunnerFleet:
                 if select.select([pipe], [], [], 0.1)[0] and pipe.readline().strip() == _READY:
                     return
                 if self._tracker.poll() is not None:
-                    raise RunFailed(f"the RPC tracker exited at start-up (exit code {self._tracker.returncode})")
+                    raise RunFailed(f"the RPC tracker exited at start-up (exit code {self._tracker.returncode}; "
+                                    f"its log: {self.log_path})")
             raise RunFailed("the RPC tracker did not start listening")
         finally:
             pipe.close()
