@@ -128,6 +128,36 @@ def test_the_trackers_port_is_held_by_the_fleets_process_through_a_tracker_resta
         assert np.allclose(_session_add_one(fleet, lib), 2.0)
 
 
+def test_a_warm_server_serves_a_socket_its_parent_bound(tmp_path):
+    """`warm_server --listen-fd`: the fleet binds each warm server's socket (the port is never free before the server
+    listens) and the server registers it with the tracker and serves sessions on it."""
+    import subprocess
+    import sys
+
+    lib = _add_lib(tmp_path)
+    with local_fleet("t-fd") as fleet, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        port = sock.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "tunekit.servers.warm_server", "--tracker",
+                                   f"127.0.0.1:{fleet.tracker_port}", "--key", "t-fd-own", "--host", "127.0.0.1",
+                                   "--port", str(port), "--listen-fd", str(sock.fileno())], pass_fds=(sock.fileno(),))
+        try:
+            remote = rpc.connect_tracker("127.0.0.1", fleet.tracker_port).request("t-fd-own", session_timeout=30)
+            assert remote.get_function("tunekit.compare_outputs") is not None  # a warm server: ours, not TVM's
+            remote.upload(lib)
+            a = tvm.runtime.tensor(np.ones(64, "float32"), remote.cpu())
+            b = tvm.runtime.tensor(np.zeros(64, "float32"), remote.cpu())
+            remote.load_module("add.so")(a, b)
+            assert np.allclose(b.numpy(), 2.0)
+            listening = {c.laddr.port for c in psutil.Process(server.pid).net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN}
+            assert listening == {port}
+        finally:
+            server.kill()
+            server.wait()
+
+
 def test_free_port_never_hands_out_a_port_twice():
     """Fleets of several shares start at once and pick ports while each other's trackers and servers are
     still starting; the kernel hands a just-released port out again often enough (a few thousand picks

@@ -163,16 +163,26 @@ class RunnerFleet:
                                     stderr=log_file)
 
     def _start_server(self) -> subprocess.Popen:
-        port = free_port(self.config.host)
+        # A server that takes a socket gets it bound here, as the tracker does (_listening_socket): its port cannot be
+        # taken before it listens. A stock server binds the port it is given.
+        sock = _listening_socket(self.config.host) if self._launcher.takes_socket else None
+        port = sock.getsockname()[1] if sock is not None else free_port(self.config.host)
         cmd = self._launcher.command(tracker=f"{self.config.connect_host}:{self.tracker_port}", key=self.key,
-                                     host=self.config.host, port=port, gpu=self.pinned.share.kind == "gpu")
+                                     host=self.config.host, port=port, gpu=self.pinned.share.kind == "gpu",
+                                     listen_fd=None if sock is None else sock.fileno())
         kwargs = self.pinned.popen_kwargs()
+        if sock is not None:
+            kwargs["pass_fds"] = (sock.fileno(),)
         env = dict(kwargs.pop("env"))
         env.pop(SECRET_ENV, None)
         if self.config.secret and self._launcher.checks_secret:
             env[SECRET_ENV] = self.config.secret.decode()  # the environment, never argv (ps shows argv)
-        with self._server_log() as log_file:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, env=env, **kwargs)
+        try:
+            with self._server_log() as log_file:
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, env=env, **kwargs)
+        finally:
+            if sock is not None:
+                sock.close()  # the server has its own copy
         proc.tunekit_port = port
         proc.tunekit_started = time.monotonic()
         return proc
@@ -326,10 +336,10 @@ _READY = b"tracker ready"
 
 
 def _listening_socket(host: str) -> socket.socket:
-    """The tracker's socket, bound to a port the OS picks and listening, in the fleet's own process. The tracker
-    process serves it (pass_fds), so no other process can take the port between its choice and the tracker's bind (a
-    tune started beside other jobs died of that: "the RPC tracker exited at start-up"), and a restarted tracker
-    serves the same socket, its port never free in between."""
+    """A socket bound to a port the OS picks and listening, in the fleet's own process, for the tracker or a warm
+    server to serve (pass_fds): no other process can take the port between its choice and the server's bind (a tune
+    started beside other jobs died of that: "the RPC tracker exited at start-up"). The fleet keeps the tracker's, so
+    a restarted tracker serves the same socket, its port never free in between."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     sock.listen(16)

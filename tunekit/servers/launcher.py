@@ -13,8 +13,10 @@ class ServerLauncher:
     name = ""
     checks_secret = False  # whether its servers demand the RPC secret before loading code
     starts_before_tracker = False  # whether its servers may start before the tracker listens (they retry quickly)
+    takes_socket = False  # whether its servers serve a listening socket the fleet's process bound (`listen_fd`)
 
-    def command(self, *, tracker: str, key: str, host: str, port: int, gpu: bool) -> list[str]:
+    def command(self, *, tracker: str, key: str, host: str, port: int, gpu: bool,
+                listen_fd: int | None = None) -> list[str]:
         raise NotImplementedError
 
     @staticmethod
@@ -33,10 +35,12 @@ class WarmServerLauncher(ServerLauncher):
     name = "warm"
     checks_secret = True
     starts_before_tracker = True
+    takes_socket = True
 
-    def command(self, *, tracker, key, host, port, gpu):
+    def command(self, *, tracker, key, host, port, gpu, listen_fd=None):
         cmd = [sys.executable, "-m", "tunekit.servers.warm_server", "--tracker", tracker, "--key", key,
                "--host", host, "--port", str(port)]
+        cmd += [] if listen_fd is None else ["--listen-fd", str(listen_fd)]
         return cmd + ["--check-cuda"] if gpu else cmd
 
 
@@ -45,7 +49,7 @@ class StockServerLauncher(ServerLauncher):
 
     name = "stock"
 
-    def command(self, *, tracker, key, host, port, gpu):
+    def command(self, *, tracker, key, host, port, gpu, listen_fd=None):
         cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", key, "--host", host,
                "--port", str(port), "--port-end", str(port + 1)]
         return cmd + ["--no-fork"] if gpu else cmd  # fork mode fails CUDA init

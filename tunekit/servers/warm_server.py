@@ -209,6 +209,7 @@ def main(argv=None) -> None:
     parser.add_argument("--key", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--listen-fd", type=int, help="serve this listening socket (bound to --port by the parent)")
     parser.add_argument("--check-cuda", action="store_true", help="exit when a session leaves the CUDA context broken")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -243,10 +244,13 @@ def main(argv=None) -> None:
                 os._exit(3)
 
     tracker_host, tracker_port = args.tracker.rsplit(":", 1)
-    listen = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listen.bind((args.host, args.port))
-    listen.listen(4)
+    if args.listen_fd is not None:
+        listen = socket.socket(fileno=args.listen_fd)
+    else:
+        listen = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listen.bind((args.host, args.port))
+        listen.listen(4)
     # A wildcard address is no address to connect to: let the tracker report the one it sees.
     custom_addr = None if args.host in ("0.0.0.0", "::", "") else args.host
     _listen_loop(listen, args.port, args.key, (tracker_host, int(tracker_port)), custom_addr, secret,
