@@ -231,6 +231,46 @@ def reached_at(curve: list, solo: list[float], *, tolerance: float) -> float | N
                  if all(t <= s * (1 + tolerance) for t, s in zip(latencies, solo))), None)
 
 
+def model_reached_at(curve: list, i: int, solo: float, *, tolerance: float) -> float | None:
+    """The wall at which model `i`'s latency in `curve` first came within `tolerance` of its solo latency."""
+    return next((wall for wall, latencies in curve if latencies[i] <= solo * (1 + tolerance)), None)
+
+
+def longest_flat(curve: list, i: int, *, until: float | None = None) -> float:
+    """The longest stretch of `curve` (up to `until`) in which model `i`'s latency did not fall while another
+    model's did: the seconds the fleet's trials went elsewhere while it was still short of its solo latency."""
+    longest, since = 0.0, None
+    for (wall, latencies), (_, before) in zip(curve[1:], curve):
+        if until is not None and wall > until:
+            break
+        if latencies[i] < before[i]:
+            since = None
+        elif any(now < then for now, then in zip(latencies, before)):
+            since = since if since is not None else _previous_wall(curve, wall)
+            longest = max(longest, wall - since)
+    return longest
+
+
+def _previous_wall(curve: list, wall: float) -> float:
+    return max(w for w, _ in curve if w < wall)
+
+
+def per_model_table(members: list[Member], runs: dict, *, tolerance: float) -> str:
+    """Per model and setup: the wall at which it reached its solo latency, and (in brackets) the longest stretch
+    before that in which it stood still while another model fell (longest_flat)."""
+    solo = runs["sequential"]["estimated_ms"]
+    lines = [f"| model | {' | '.join(runs)} |", "| --- |" + " ---: |" * len(runs)]
+    for i, m in enumerate(members):
+        cells = []
+        for run in runs.values():
+            at = model_reached_at(run["curve"], i, solo[i], tolerance=tolerance)
+            flat = longest_flat(run["curve"], i, until=at)
+            cells.append(("not reached" if at is None else f"{at:.0f}") + f" ({flat:.0f})")
+        lines.append(f"| {m.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n\nEach model's wall until its solo latency, s (in brackets: the longest stretch "
+                               "before it in which its estimate stood still while another model's fell).")
+
+
 def bench_all(runs: dict, members: list[Member], *, rounds: int) -> dict:
     """{setup: [median over rounds of each model's p50 ms]}: every artifact timed once per round, setups in turns."""
     times = {setup: [[] for _ in run["artifacts"]] for setup, run in runs.items()}
@@ -314,7 +354,8 @@ def main(argv=None) -> None:
             return
         runs = {setup: runs[setup] for setup in SETUPS if setup in runs}
         latency = bench_all(runs, members, rounds=args.rounds)
-        text = table(members, runs, latency, tolerance=args.tolerance)
+        text = table(members, runs, latency, tolerance=args.tolerance) + "\n\n" + \
+            per_model_table(members, runs, tolerance=args.tolerance)
     write_results(text, args.results, script="fleet.py", argv=argv)
 
 

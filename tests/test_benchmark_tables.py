@@ -107,6 +107,17 @@ def test_the_fleet_benchmark_finds_when_every_model_first_reaches_its_solo_laten
            if line.startswith("| fleet") or line.startswith("| sequential")}
     assert row["fleet"][2:4] == ["6.6000", f"{6.6 / 7.0:.3f}"]  # weighted 0.9 + 3 x 1.9 against 1.0 + 3 x 2.0
     assert row["fleet"][6:] == ["300", f"{300 / 800:.3f}"] and row["sequential"][6:] == ["800", "1.000"]
+    # each model's own wall to its solo latency, and the longest stretch before it in which it stood still while the
+    # other model fell (the fleet's trials went elsewhere)
+    curve = [(100.0, [3.0, 4.0]), (150.0, [2.0, 4.0]), (200.0, [1.5, 4.0]), (250.0, [1.0, 3.0]), (300.0, [1.0, 2.0])]
+    assert fleet.model_reached_at(curve, 0, 1.0, tolerance=0.0) == 250.0
+    assert fleet.model_reached_at(curve, 1, 2.0, tolerance=0.0) == 300.0
+    assert fleet.longest_flat(curve, 1, until=300.0) == 100.0 and fleet.longest_flat(curve, 0, until=250.0) == 0.0
+    assert fleet.longest_flat(curve, 1, until=180.0) == 50.0
+    runs["fleet"]["curve"] = curve
+    runs["sequential"]["estimated_ms"] = [1.0, 2.0]
+    text = fleet.per_model_table(members, runs, tolerance=0.0)
+    assert "| a | 250 (0) | 300 (0) |" in text and "| b | 300 (100) | 800 (0) |" in text, text
     # the curve from two reports: each model's tasks' weighted sum, every task at its untuned time until it fell
     a = {"tasks": [{"weight": 2, "untuned_us": 500.0, "fell_at": [[1010.0, 400.0], [1030.0, 300.0]]},
                    {"weight": 1, "untuned_us": None, "fell_at": [[1020.0, 100.0]]}]}
