@@ -126,9 +126,22 @@ def estimated_curve(reports: list[dict], started: float) -> list:
     return [(when - started, [estimated_ms(report["tasks"], when) for report in reports]) for when in times]
 
 
+def trials_by(tasks: list[dict], at: float) -> int:
+    """A model's trials measured by unix time `at` (report `tasks[].measured_at`; a workload that two models of a
+    fleet share counts in both)."""
+    return sum(next((n for when, n in reversed(task.get("measured_at", [])) if when <= at), 0) for task in tasks)
+
+
+def trials_curve(reports: list[dict], started: float) -> list:
+    """[(seconds since `started`, [each model's trials so far])] at every time a batch of one of them came back."""
+    times = sorted({when for report in reports for task in report["tasks"] for when, _ in task.get("measured_at", [])})
+    return [(when - started, [trials_by(report["tasks"], when) for report in reports]) for when in times]
+
+
 def _setup(artifacts, reports, *, started: float, trials: int, wall_s: float | None = None) -> dict:
     return {"artifacts": artifacts, "wall_s": time.time() - started if wall_s is None else wall_s, "trials": trials,
-            "curve": estimated_curve(reports, started), "estimated_ms": [estimated_ms(r["tasks"]) for r in reports]}
+            "curve": estimated_curve(reports, started), "estimated_ms": [estimated_ms(r["tasks"]) for r in reports],
+            "trials_curve": trials_curve(reports, started)}
 
 
 def one_after_another(reports: list[dict], starts: list[float], walls: list[float], *, base: float = 0.0) -> list[dict]:
@@ -138,7 +151,8 @@ def one_after_another(reports: list[dict], starts: list[float], walls: list[floa
     moved, offset = [], base
     for report, start, wall in zip(reports, starts, walls):
         shift = offset - start
-        moved.append({**report, "tasks": [{**task, "fell_at": [[when + shift, us] for when, us in task.get("fell_at", [])]}
+        moved.append({**report, "tasks": [{**task, **{key: [[when + shift, value] for when, value in task.get(key, [])]
+                                                      for key in ("fell_at", "measured_at")}}
                                           for task in report["tasks"]]})
         offset += wall
     return moved
@@ -236,39 +250,46 @@ def model_reached_at(curve: list, i: int, solo: float, *, tolerance: float) -> f
     return next((wall for wall, latencies in curve if latencies[i] <= solo * (1 + tolerance)), None)
 
 
-def longest_flat(curve: list, i: int, *, until: float | None = None) -> float:
-    """The longest stretch of `curve` (up to `until`) in which model `i`'s latency did not fall while another
-    model's did: the seconds the fleet's trials went elsewhere while it was still short of its solo latency."""
-    longest, since = 0.0, None
-    for (wall, latencies), (_, before) in zip(curve[1:], curve):
+def longest_flat(curve: list, i: int, *, until: float | None = None) -> tuple[float, float]:
+    """(start, end) of the longest stretch of `curve` (up to `until`) in which model `i`'s latency did not fall while
+    another model's did: the fleet's trials went elsewhere, or bought it nothing, while it was still short of its solo
+    latency. (0, 0) where there is none."""
+    longest, since = (0.0, 0.0), None
+    for (wall, latencies), (before_wall, before) in zip(curve[1:], curve):
         if until is not None and wall > until:
             break
         if latencies[i] < before[i]:
             since = None
         elif any(now < then for now, then in zip(latencies, before)):
-            since = since if since is not None else _previous_wall(curve, wall)
-            longest = max(longest, wall - since)
+            since = before_wall if since is None else since
+            longest = max(longest, (since, wall), key=lambda stretch: stretch[1] - stretch[0])
     return longest
 
 
-def _previous_wall(curve: list, wall: float) -> float:
-    return max(w for w, _ in curve if w < wall)
+def trials_between(trials: list, i: int, start: float, end: float) -> int:
+    """Model `i`'s trials measured between `start` and `end` (a trials_curve)."""
+    def by(at: float) -> int:
+        return next((counts[i] for wall, counts in reversed(trials) if wall <= at), 0)
+    return by(end) - by(start)
 
 
 def per_model_table(members: list[Member], runs: dict, *, tolerance: float) -> str:
     """Per model and setup: the wall at which it reached its solo latency, and (in brackets) the longest stretch
-    before that in which it stood still while another model fell (longest_flat)."""
+    before that in which it stood still while another model fell (longest_flat), with the trials it got in it where
+    the run has its trials over time (trials_curve; runs of tunekit before it have none)."""
     solo = runs["sequential"]["estimated_ms"]
     lines = [f"| model | {' | '.join(runs)} |", "| --- |" + " ---: |" * len(runs)]
     for i, m in enumerate(members):
         cells = []
         for run in runs.values():
             at = model_reached_at(run["curve"], i, solo[i], tolerance=tolerance)
-            flat = longest_flat(run["curve"], i, until=at)
-            cells.append(("not reached" if at is None else f"{at:.0f}") + f" ({flat:.0f})")
+            start, end = longest_flat(run["curve"], i, until=at)
+            got = f", {trials_between(run['trials_curve'], i, start, end)} trials" if run.get("trials_curve") else ""
+            cells.append(("not reached" if at is None else f"{at:.0f}") + f" ({end - start:.0f} s{got})")
         lines.append(f"| {m.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\nEach model's wall until its solo latency, s (in brackets: the longest stretch "
-                               "before it in which its estimate stood still while another model's fell).")
+                               "before it in which its estimate stood still while another model's fell, and the "
+                               "trials it got in that stretch).")
 
 
 def bench_all(runs: dict, members: list[Member], *, rounds: int) -> dict:

@@ -112,12 +112,19 @@ def test_the_fleet_benchmark_finds_when_every_model_first_reaches_its_solo_laten
     curve = [(100.0, [3.0, 4.0]), (150.0, [2.0, 4.0]), (200.0, [1.5, 4.0]), (250.0, [1.0, 3.0]), (300.0, [1.0, 2.0])]
     assert fleet.model_reached_at(curve, 0, 1.0, tolerance=0.0) == 250.0
     assert fleet.model_reached_at(curve, 1, 2.0, tolerance=0.0) == 300.0
-    assert fleet.longest_flat(curve, 1, until=300.0) == 100.0 and fleet.longest_flat(curve, 0, until=250.0) == 0.0
-    assert fleet.longest_flat(curve, 1, until=180.0) == 50.0
+    assert fleet.longest_flat(curve, 1, until=300.0) == (100.0, 200.0)
+    assert fleet.longest_flat(curve, 0, until=250.0) == (0.0, 0.0)
+    assert fleet.longest_flat(curve, 1, until=180.0) == (100.0, 150.0)
     runs["fleet"]["curve"] = curve
+    runs["fleet"]["trials_curve"] = [(90.0, [0, 8]), (140.0, [8, 8]), (190.0, [16, 10]), (240.0, [24, 26])]
     runs["sequential"]["estimated_ms"] = [1.0, 2.0]
     text = fleet.per_model_table(members, runs, tolerance=0.0)
-    assert "| a | 250 (0) | 300 (0) |" in text and "| b | 300 (100) | 800 (0) |" in text, text
+    assert "| a | 250 (0 s, 0 trials) | 300 (0 s) |" in text, text
+    assert "| b | 300 (100 s, 2 trials) | 800 (0 s) |" in text, text
+    # each model's trials over time, from its tasks' batches (report tasks[].measured_at)
+    a = {"tasks": [{"measured_at": [[1010.0, 4], [1030.0, 8]]}, {"measured_at": [[1020.0, 4]]}]}
+    b = {"tasks": [{"measured_at": [[1025.0, 2]]}, {}]}
+    assert fleet.trials_curve([a, b], 1000.0) == [(10.0, [4, 0]), (20.0, [8, 0]), (25.0, [8, 2]), (30.0, [12, 2])]
     # the curve from two reports: each model's tasks' weighted sum, every task at its untuned time until it fell
     a = {"tasks": [{"weight": 2, "untuned_us": 500.0, "fell_at": [[1010.0, 400.0], [1030.0, 300.0]]},
                    {"weight": 1, "untuned_us": None, "fell_at": [[1020.0, 100.0]]}]}

@@ -232,6 +232,10 @@ def _tune_on_cpu(model, tmp_path, *, yaml: str, trials: int, per_iter: int) -> d
         assert times == sorted(times) and all(a > b for a, b in zip(us, us[1:])), task
         if task["tuned_us"] and (task["untuned_us"] is None or task["tuned_us"] < task["untuned_us"]):
             assert us[-1] == task["tuned_us"], task
+        # and when each batch of it came back, with its trials so far (fleet.py: what each model got, when)
+        times, counts = [t for t, _ in task["measured_at"]], [n for _, n in task["measured_at"]]
+        assert times == sorted(times) and counts == sorted(counts), task
+        assert counts[-1:] == ([task["trials"]] if task["trials"] else counts[-1:]), task
     return report
 
 

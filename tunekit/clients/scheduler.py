@@ -58,6 +58,7 @@ class TaskState:
     untuned_error: str | None = None  # why its untuned kernel (the per-task baseline) has no time
     history: list = field(default_factory=list)  # effective_us after each batch
     fell_at: list = field(default_factory=list)  # [unix s, effective_us] each time a batch lowered it
+    measured_at: list = field(default_factory=list)  # [unix s, trials measured] each time a batch came back
     stale_batches: int = 0
     exhausted: bool = False
     negligible: bool = False  # under min_task_share of the model: not tuned
@@ -142,6 +143,7 @@ class TaskState:
         self.cached += cached
         self.batches += 1
         self.history.append(now)
+        self.measured_at.append([round(time.time(), 2), self.measured])
         if now is not None and (previous_us is None or now < previous_us):
             self.fell_at.append([round(time.time(), 2), round(now, 3)])
 

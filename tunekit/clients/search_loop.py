@@ -688,6 +688,7 @@ class SearchLoop:
                  **({"resumed": t.resumed} if t.resumed else {}),
                  "cached": t.cached, "untuned_us": round(t.untuned_us, 3) if t.untuned_us else None,
                  "tuned_us": round(t.best_us, 3) if t.best_us else None, "fell_at": t.fell_at,
+                 "measured_at": t.measured_at,
                  "flops": t.flops, "bytes": task_bytes(t.ctx.mod),
                  "speedup": round(t.untuned_us / t.best_us, 3) if t.untuned_us and t.best_us else None,
                  **({"kernel_us": round(t.kernel_us, 3), "kernel_config": t.kernel} if t.kernel_us else {}),
