@@ -7,11 +7,11 @@ from tunekit.coordinator.outcomes import fold_extra, sum_phases
 
 def test_fold_extra_adds_a_leftover_round_to_the_shard():
     outcome = {"tasks": [{"name": "conv", "trials": 4, "failed": 1, "extra": 0, "tuned_us": 10.0, "untuned_us": 40.0,
-                          "fell_at": [[100.0, 20.0], [110.0, 10.0]]},
+                          "fell_at": [[100.0, 20.0], [110.0, 10.0]], "measured_at": [[100.0, 2], [110.0, 4]]},
                          {"name": "dense", "trials": 4, "failed": 0, "tuned_us": 3.0, "untuned_us": 6.0}],
                "trials_done": 8, "trials_failed": 1, "trials_cached": 0}
     extra = {"tasks": [{"name": "conv", "trials": 2, "failed": 1, "extra": 2, "tuned_us": 8.0, "exhausted": True,
-                        "fell_at": [[120.0, 12.0], [130.0, 8.0]]},
+                        "fell_at": [[120.0, 12.0], [130.0, 8.0]], "measured_at": [[120.0, 1], [130.0, 2]]},
                        {"name": "dense", "trials": 1, "failed": 0, "tuned_us": 4.0, "fell_at": [[125.0, 4.0]]},
                        {"name": "unknown", "trials": 5, "failed": 5, "tuned_us": 1.0}],
              "trials_done": 3, "trials_failed": 1, "trials_cached": 2}
@@ -20,6 +20,8 @@ def test_fold_extra_adds_a_leftover_round_to_the_shard():
     assert (conv["trials"], conv["failed"], conv["extra"], conv["exhausted"]) == (6, 2, 2, True)
     assert conv["tuned_us"] == 8.0 and conv["speedup"] == 5.0  # a better best replaces the old one
     assert conv["fell_at"] == [[100.0, 20.0], [110.0, 10.0], [130.0, 8.0]]  # the round's falls below the shard's
+    assert conv["measured_at"] == [[100.0, 2], [110.0, 4], [120.0, 5], [130.0, 6]]  # counted on from the shard's 4
+    assert "measured_at" not in dense  # neither the shard nor the round kept its batches' times
     assert dense["fell_at"] == []  # 4 us is no fall where the shard had reached 3
     assert dense["trials"] == 5 and dense["tuned_us"] == 3.0 and "speedup" not in dense  # a worse one does not
     assert dense["exhausted"] is False and dense["extra"] == 0

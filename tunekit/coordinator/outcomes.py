@@ -9,7 +9,10 @@ def fold_extra(outcome: dict, extra: dict) -> None:
         mine = rows.get(row["name"])
         if mine is None:
             continue
+        base = mine["trials"]
         mine["trials"] += row["trials"]
+        for when, measured in row.get("measured_at", []):  # the round's batches, counted on from the shard's trials
+            mine.setdefault("measured_at", []).append([when, base + measured - row.get("resumed", 0)])
         mine["failed"] += row["failed"]
         mine["failed_build"] = mine.get("failed_build", 0) + row.get("failed_build", 0)
         for kind, line in row.get("first_errors", {}).items():
