@@ -3,7 +3,9 @@ beside torch.matmul (cuBLAS) on the same operands, at MPS shares: µs per call (
 the best tile's TFLOP/s and its fraction of the share's fp16 tensor-core peak, and each kernel's largest error against
 fp32 on the GPU. With --floors, each shape's floor at the share: a kernel that does nothing (timed the same way) plus
 the longer of its FLOPs at the share's peak and its bytes at the share's copy bandwidth (torch's device-to-device
-copy of 256 MB), so the best tile's fraction of the peak is set beside the most that floor allows.
+copy of 256 MB), so the best tile's fraction of the peak is set beside the most that floor allows; and the best
+tile's own floor: the empty kernel plus its grid's waves (ceil(programs / SMs)), each one program's padded tile
+(block_m x block_n x K) at one SM's share of the peak, and the lowest such floor over the tiles tried.
 
 Why: a weight [K, N] whose rows are not 16-byte multiples (GPT-2's LM head, N = 50257) cannot be loaded in 16-byte
 vectors; frontend.aligned_weights stores it [N, K]. Each share's timing runs in a process pinned to the share
@@ -12,11 +14,13 @@ vectors; frontend.aligned_weights stores it [N, K]. Each share's timing runs in 
   python benchmarks/gemm_layouts.py --gpu-pct 40 [--shapes 512x768x50257,512x768x50304] [--out-dtypes float32,float16]
   python benchmarks/gemm_layouts.py --gpu-pct 40 --shapes 197x768x3072,512x768x3072,512x3072x768 --layouts kn --graphs 1
   python benchmarks/gemm_layouts.py --gpu-pct 40 --shapes 197x768x2304,197x768x3072 --layouts kn --graphs 1 --floors 1
+  python benchmarks/gemm_layouts.py --table gemm_layouts.json   # a saved run's table again
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,10 +124,44 @@ def floor_us(row: dict, share_peak_tflops: float) -> tuple[float, float]:
     return row["empty_kernel_us"] + max(flops / share_peak_tflops / 1e6, row["bytes"] / row["copy_gbps"] / 1e3), flops
 
 
+def tile_floor_us(row: dict, tile: str, share_peak_tflops: float) -> float:
+    """The tile's floor in µs: the empty kernel's cost plus its grid's waves, each a padded tile at one SM's peak."""
+    m, k, n = (int(x) for x in row["shape"].split("x"))
+    block_m, block_n = (int(x) for x in re.match(r"m(\d+)n(\d+)", tile).groups())
+    programs = -(-m // block_m) * -(-n // block_n)
+    waves = -(-programs // row["sm_count"])
+    return row["empty_kernel_us"] + waves * 2 * block_m * block_n * k / (share_peak_tflops / row["sm_count"]) / 1e6
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows as a markdown table (with the floors where the run measured them)."""
+    from tunekit.run.efficiency import device_peak
+
+    floors = (" floor µs | most of the peak the floor allows | best tile's floor µs | of it reached |"
+              " lowest tile floor µs | most of the peak it allows |"
+              if "empty_kernel_us" in rows[0] else "")
+    print("| share | M x K x N | weight | out | best Triton tile | µs | TFLOP/s | of the share's peak | cuBLAS µs | cuBLAS of the peak |"
+          + floors)
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |" + " ---: | ---: | ---: | ---: | ---: | ---: |" * bool(floors))
+    for row in rows:
+        peak = device_peak(row["gpu"])
+        share_peak = peak.tensor_fp16_tflops * min(1.0, row["sm_count"] / peak.sms) if peak else float("nan")
+        m, k, n = (int(x) for x in row["shape"].split("x"))
+        line = (f"| {row['share']} | {row['shape']} | [{'N, K' if row['layout'] == 'nk' else 'K, N'}] | "
+                f"{row['out_dtype']} | {row['best']} | {row['best_us']} | {row['best_tflops']} | "
+                f"{row['best_tflops'] / share_peak:.0%} | {row['cublas_us']} | "
+                f"{2 * m * n * k / row['cublas_us'] / 1e6 / share_peak:.0%} |")
+        if floors:
+            us, flops = floor_us(row, share_peak)
+            tile_us = tile_floor_us(row, row["best"], share_peak)
+            lowest = min(tile_floor_us(row, tile, share_peak) for tile in row["tiles"])
+            line += (f" {us:.2f} | {flops / us / 1e6 / share_peak:.0%} | {tile_us:.2f} | {tile_us / row['best_us']:.0%} |"
+                     f" {lowest:.2f} | {flops / lowest / 1e6 / share_peak:.0%} |")
+        print(line)
+
+
 def main(argv=None) -> None:
     from pinned_worker import rows_at_shares, share_parser
-
-    from tunekit.run.efficiency import device_peak
 
     parser = share_parser(__doc__, number=30)
     parser.add_argument("--shapes", default=SHAPES, help="M x K x N, comma-separated")
@@ -131,26 +169,17 @@ def main(argv=None) -> None:
     parser.add_argument("--out-dtypes", default="float32,float16")
     parser.add_argument("--graphs", type=int, default=0, help="1: time CUDA-graph replays (no launch cost)")
     parser.add_argument("--floors", type=int, default=0, help="1: each shape's floor at the share (see above)")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a saved --json run (no GPU)")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.table:  # a saved run's rows, no GPU needed
+        with open(args.table) as fh:
+            return print_table(json.load(fh)["rows"])
     rows = rows_at_shares(os.path.abspath(__file__), args.gpu_pct, {
         "shapes": args.shapes, "layouts": args.layouts, "out-dtypes": args.out_dtypes, "number": args.number,
         "graphs": args.graphs, "floors": args.floors}, timeout_s=600)
-    floors = " floor µs | most of the peak the floor allows |" if args.floors else ""
-    print("| share | M x K x N | weight | out | best Triton tile | µs | TFLOP/s | of the share's peak | cuBLAS µs |"
-          + floors)
-    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * bool(floors))
-    for row in rows:
-        peak = device_peak(row["gpu"])
-        share_peak = peak.tensor_fp16_tflops * min(1.0, row["sm_count"] / peak.sms) if peak else float("nan")
-        line = (f"| {row['share']} | {row['shape']} | [{'N, K' if row['layout'] == 'nk' else 'K, N'}] | "
-                f"{row['out_dtype']} | {row['best']} | {row['best_us']} | {row['best_tflops']} | "
-                f"{row['best_tflops'] / share_peak:.0%} | {row['cublas_us']} |")
-        if floors:
-            us, flops = floor_us(row, share_peak)
-            line += f" {us:.2f} | {flops / us / 1e6 / share_peak:.0%} |"
-        print(line)
+    print_table(rows)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows}, fh, indent=1)

@@ -1,5 +1,6 @@
 """The benchmark scripts' own arithmetic: what a committed table claims comes from these functions."""
 import importlib
+import json
 import os
 import sys
 
@@ -179,6 +180,30 @@ def test_the_gemm_table_takes_the_fastest_triton_kernel_within_the_fp16_bound():
             {"share": "gpu40", "task": "fc2", "error": "no GEMM plan"}]
     lines = gemm.table(rows).splitlines()
     assert len(lines) == 3 and "| gpu40 | qkv | 20.00 | m64n64k32w4s3g8 | 10.00 | 0.500 | 100.0 | 0.25 |" == lines[2]
+
+
+def test_a_gemm_tiles_floor_counts_its_grids_waves_at_one_sms_share_of_the_peak(tmp_path, capsys):
+    """gemm_layouts.py --floors: a grid that fits the SMs is one wave of padded tiles, one past them several; the
+    saved run's table (--table, no GPU) sets the best tile against its floor and the lowest floor of the tiles."""
+    gemm = _benchmark("gemm_layouts")
+    row = {"share": "gpu40", "shape": "197x768x2304", "layout": "kn", "out_dtype": "float16", "sm_count": 52,
+           "gpu": "NVIDIA H200", "cublas_us": 7.0, "best": "m128n128k32w4s4g8", "best_us": 7.0, "best_tflops": 99.6,
+           "tiles": {"m128n128k32w4s4g8": [7.0, 0.0], "m64n64k64w4s3g8": [8.0, 0.0]},
+           "empty_kernel_us": 1.0, "copy_gbps": 3000.0, "bytes": 4749312}
+    per_sm = 520.0 / 52 * 1e6  # FLOP/µs at one SM of a 520 TFLOP/s share
+    # 2 x 18 = 36 programs on 52 SMs: one wave of 128 x 128 tiles; 4 x 36 = 144: three waves of 64 x 64
+    big, small = 1.0 + 2 * 128 * 128 * 768 / per_sm, 1.0 + 3 * 2 * 64 * 64 * 768 / per_sm
+    assert gemm.tile_floor_us(row, "m128n128k32w4s4g8", 520.0) == pytest.approx(big)
+    assert gemm.tile_floor_us(row, "m64n64k64w4s3g8", 520.0) == pytest.approx(small)
+    saved = tmp_path / "gemm.json"
+    saved.write_text(json.dumps({"rows": [row]}))
+    gemm.main(["--table", str(saved)])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("| gpu40 | 197x768x2304 | [K, N] | float16 | m128n128k32w4s4g8 | 7.0 |")
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    h200_share = 989.4 * 52 / 132
+    assert cells[12] == f"{gemm.tile_floor_us(row, 'm128n128k32w4s4g8', h200_share):.2f}"
+    assert cells[14] == f"{gemm.tile_floor_us(row, 'm64n64k64w4s3g8', h200_share):.2f}" != cells[12]
 
 
 def test_the_gemm_benchmark_times_fc2_both_split_along_k_and_whole(tmp_path):
