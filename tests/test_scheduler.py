@@ -255,3 +255,18 @@ def test_a_task_notes_when_its_latency_fell_and_to_what():
     unmeasured.record(7.0)
     unmeasured.after_batch(None, fresh=1, cached=0)
     assert [us for _, us in unmeasured.fell_at] == [7.0]
+
+
+def test_a_kernel_of_another_kind_that_beats_the_task_is_a_fall_too():
+    """A Triton kernel measured before the search lowers what the model runs: fell_at has it, so benchmarks/fleet.py's
+    estimate of a transformer is not left at its untuned GEMMs while its kernels are already chosen."""
+    task = TaskState(0, "matmul", 1.0, untuned_us=100.0)
+    task.kernel_measured(120.0, "triton:slow")  # slower than the untuned kernel: nothing fell
+    assert task.fell_at == []
+    task.kernel_measured(40.0, "triton:m64n64")
+    assert [us for _, us in task.fell_at] == [40.0] and task.kernel == "triton:m64n64"
+    for us in (60.0, 30.0):  # a batch that does not beat the kernel, one that does
+        previous = task.effective_us
+        task.record(us)
+        task.after_batch(previous, fresh=1, cached=0)
+    assert [us for _, us in task.fell_at] == [40.0, 30.0]

@@ -57,7 +57,7 @@ class TaskState:
     untuned_us: float | None = None
     untuned_error: str | None = None  # why its untuned kernel (the per-task baseline) has no time
     history: list = field(default_factory=list)  # effective_us after each batch
-    fell_at: list = field(default_factory=list)  # [unix s, effective_us] each time a batch lowered it
+    fell_at: list = field(default_factory=list)  # [unix s, effective_us] each time a batch or a kernel lowered it
     measured_at: list = field(default_factory=list)  # [unix s, trials measured] each time a batch came back
     stale_batches: int = 0
     exhausted: bool = False
@@ -144,6 +144,17 @@ class TaskState:
         self.batches += 1
         self.history.append(now)
         self.measured_at.append([round(time.time(), 2), self.measured])
+        self._note_fall(previous_us)
+
+    def kernel_measured(self, us: float, kernel: str) -> None:
+        """Its fastest kernel of another kind (`kernel`, "<kind>:<configuration>") measured `us` at the share: a fall
+        like a batch's where it beats what the task had (the model runs it from now on)."""
+        previous = self.effective_us
+        self.kernel_us, self.kernel = us, kernel
+        self._note_fall(previous)
+
+    def _note_fall(self, previous_us: float | None) -> None:
+        now = self.effective_us
         if now is not None and (previous_us is None or now < previous_us):
             self.fell_at.append([round(time.time(), 2), round(now, 3)])
 

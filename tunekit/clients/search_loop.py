@@ -787,8 +787,7 @@ class SearchLoop:
         for lane in self.lanes:
             for index, record in best.get(lane.label, {}).items():
                 if index < searched:  # a fused attention's choice is made by the compile (kernels_worth_applying)
-                    lane.tasks[index].kernel_us = record.mean_us
-                    lane.tasks[index].kernel = f"{record.kind}:{record.config}"
+                    lane.tasks[index].kernel_measured(record.mean_us, f"{record.kind}:{record.config}")
         self.phases.kernels_s += time.perf_counter() - t
 
     def _kernel_progress(self, done: int, total: int) -> None:
