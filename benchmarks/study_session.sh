@@ -25,7 +25,7 @@
 #   tt      benchmarks/tuning_time.py on ResNet-18 at 40%, TT_TRIALS trials, runs TT_ENGINES (default
 #           tunekit,before: this tree against the source tree TT_BEFORE, e.g. a carried `git archive`)
 #   tune40  per model: `tunekit tune M.onnx --gpu-pct 40 --trials $TRIALS --time-budget $TIME_S` (TRIALS_<model>,
-#           TIME_S_<model> for one), then
+#           TIME_S_<model> for one; TRIALS defaults to 1000, or to 100000 where a TIME_S is given), then
 #           kernel_profile.py on the tuned model (µs per kernel in the model run, no CUDA graphs).
 #           RESUME_DIR=D: D/records-<model>-gpu40.tgz (an earlier lease's $OUT, carried in) is unpacked
 #           first and the tune goes on from it (--resume; TIME_S more seconds)
@@ -123,7 +123,8 @@ case "$1" in
              resume=""; earlier=$(records_file records-$m-gpu40)
              [ -n "${RESUME_DIR:-}" ] && [ -f "$earlier" ] && resume="--resume" && echo "tar xf $earlier -C $W/$m-gpu40"
              trials=TRIALS_$m; time_s=TIME_S_$m  # per-model overrides, as the study step's
-             echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${!trials:-${TRIALS:-1000}}" \
+             cap=1000; [ -n "${!time_s:-${TIME_S:-}}" ] && cap=100000  # a time budget given: it, not 1000 trials, ends the tune
+             echo "python3 -m tunekit.cli tune /tmp/vs/$m.onnx --gpu-pct 40 --trials ${!trials:-${TRIALS:-$cap}}" \
                   "--trials-per-iter 16 --time-budget ${!time_s:-${TIME_S:-600}} $resume --out $W/$m-gpu40 --json" \
                   "> $R/$m-gpu40/tune.json 2> $R/$m-gpu40/tune.log"
              echo "echo \"$m-gpu40 tune rc=\$?\"; cp $W/$m-gpu40/report.json $R/$m-gpu40/ 2>/dev/null"
