@@ -13,6 +13,7 @@ time it fell to by then (`tasks[].fell_at`). That gives when every model first r
 alone in the sequential setup (its "solo" latency, within `--tolerance`): issue 54's "wall time until every model
 reaches the latency it gets alone", fleet against sequential.
 
+`--setups fleet-geomean` also tunes the fleet with `fleet_objective: geomean` (experimental) beside the three.
 `--setups` tunes only some setups and `--work` keeps their outputs and runs.json; `--runs` reads setups tuned before
 (e.g. the sequential setup on a second GPU at the same time), and the table is made once all three are there.
 `--alone-on 2,2,3,3` tunes the sequential setup's models each alone on a GPU of its own (those listed, each with its
@@ -43,6 +44,8 @@ sys.path.insert(0, HERE)
 from tuning_time import write_results  # noqa: E402  (the same machine line as every benchmark)
 
 SETUPS = ("fleet", "sequential", "parallel")
+# experimental setups, tuned only when --setups names them: the fleet with a fleet-level setting changed
+VARIANTS = {"fleet-geomean": {"fleet_objective": "geomean"}}
 
 
 @dataclass(frozen=True)
@@ -73,12 +76,12 @@ def members_of(fleet_file: str) -> list[Member]:
     return out
 
 
-def fleet_yaml(members: list[Member], path: str) -> str:
+def fleet_yaml(members: list[Member], path: str, settings: dict | None = None) -> str:
     import yaml
 
     with open(path, "w") as fh:
-        yaml.safe_dump({"models": [{"model": m.path, f"{m.kind}_pct": m.pct, "weight": m.weight, "name": m.name}
-                                   for m in members]}, fh)
+        yaml.safe_dump({**(settings or {}), "models": [{"model": m.path, f"{m.kind}_pct": m.pct, "weight": m.weight,
+                                                        "name": m.name} for m in members]}, fh)
     return path
 
 
@@ -203,17 +206,17 @@ def run_setups(members: list[Member], *, budget: float, work: str, setups: tuple
         with open(os.path.join(work, "runs.json"), "w") as fh:
             json.dump(out, fh, indent=1)
 
-    if "fleet" in setups:
+    for setup in [s for s in ("fleet", *VARIANTS) if s in setups]:
         started = time.time()
-        payload, _ = tunekit("tune", fleet_yaml(members, os.path.join(work, "fleet.yaml")),
-                             *_tune_args(budget, os.path.join(work, "fleet")), *fleet_args)
+        payload, _ = tunekit("tune", fleet_yaml(members, os.path.join(work, f"{setup}.yaml"), VARIANTS.get(setup)),
+                             *_tune_args(budget, os.path.join(work, setup)), *fleet_args)
         rows = payload["report"]["fleet"]  # in the file's order; a model that failed fails the tune (exit 1)
         reports = []
         for row in rows:
             with open(row["report"]) as fh:
                 reports.append(json.load(fh))
-        done("fleet", _setup([row["artifact"] for row in rows], reports, started=started,
-                             trials=sum(payload["report"]["trials"]["measured"].values())))
+        done(setup, _setup([row["artifact"] for row in rows], reports, started=started,
+                           trials=sum(payload["report"]["trials"]["measured"].values())))
     if "sequential" in setups and alone_on:
         done("sequential", _alone(members, alone_on, budget=budget / n, work=work, cores=cores_per_gpu))
     elif "sequential" in setups:
@@ -349,8 +352,8 @@ def main(argv=None) -> None:
     p.add_argument("--results", default=os.path.join("tunekit-out", "fleet-bench.md"), help="write the table here")
     args = p.parse_args(argv)
     setups = tuple(s for s in args.setups.split(",") if s)
-    if not set(setups) <= set(SETUPS):
-        raise SystemExit(f"--setups: each of {', '.join(SETUPS)}")
+    if not set(setups) <= {*SETUPS, *VARIANTS}:
+        raise SystemExit(f"--setups: each of {', '.join((*SETUPS, *VARIANTS))}")
     with contextlib.ExitStack() as stack:
         work = args.work or stack.enter_context(tempfile.TemporaryDirectory(prefix="tunekit-fleet-bench-"))
         os.makedirs(work, exist_ok=True)
@@ -373,7 +376,7 @@ def main(argv=None) -> None:
         if "sequential" not in runs or len(runs) < 2:  # the table's ratios are to one after another
             print(f"tuned {', '.join(runs)}; the table needs sequential and another setup (--runs)", file=sys.stderr)
             return
-        runs = {setup: runs[setup] for setup in SETUPS if setup in runs}
+        runs = {setup: runs[setup] for setup in (*SETUPS, *VARIANTS) if setup in runs}
         latency = bench_all(runs, members, rounds=args.rounds)
         text = table(members, runs, latency, tolerance=args.tolerance) + "\n\n" + \
             per_model_table(members, runs, tolerance=args.tolerance)

@@ -214,6 +214,37 @@ def test_a_fleet_at_two_shares_measures_a_workload_only_at_the_shares_of_its_mod
     assert report["trials"]["measured"]["cpu50"] < report["trials"]["measured"]["cpu100"] + 12
 
 
+@pytest.mark.e2e
+def test_a_fleet_tuned_for_the_geometric_mean_of_its_latencies_weighs_the_faster_models_tasks_more(pair, tmp_path):
+    """fleet_objective: geomean (experimental, it warns): each task's gradient is scaled by sum(w / L) of the models
+    that have it, so the faster model's own tasks are worth more per microsecond than the slower one's; the default
+    (sum) scales nothing. Through Ray clients it is refused in one line."""
+    from tunekit.models.examples import save_example
+
+    small = save_example("resnet18", str(tmp_path / "r18.onnx"), width=8, image=32)
+    fleet = _write(tmp_path / "fleet.yaml", f"cpu_pct: 100\nmin_task_share: 0\nfleet_objective: geomean\nmodels:\n"
+                                            f"  - {{model: {pair[0]}, name: tiny}}\n  - {{model: {small}, name: r18}}\n")
+    out = tmp_path / "out"
+    proc = run_cli("tune", fleet, "--trials", "8", "--trials-per-iter", "2", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fleet_objective is experimental" in proc.stderr
+    report = json.loads(proc.stdout)["report"]
+    rows = {row["name"]: row for row in report["fleet"]}
+    fast, slow = sorted(rows, key=lambda name: rows[name]["tuned_ms"])  # the small ResNet (32 x 32): 8x faster
+
+    def own_priorities(name) -> list[float]:
+        tasks = json.load(open(out / name / "report.json"))["tasks"]
+        return [t["priority"] for t in tasks if t["fleet_models"] == [name] and "priority" in t]
+    assert rows[slow]["tuned_ms"] > 2 * rows[fast]["tuned_ms"]
+    assert own_priorities(fast) and own_priorities(slow)
+    assert min(own_priorities(fast)) > 1 > max(own_priorities(slow)), (own_priorities(fast), own_priorities(slow))
+    refused = run_cli("tune", fleet, "--clients", "2", "--trials", "4", "--out", str(tmp_path / "ray"))
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1] == ("tunekit: error: fleet_objective 'geomean' needs the fleet's "
+                                                       "search in one process of the tunekit engine (leave out "
+                                                       "--clients and --engine stock)")
+
+
 def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pair, tmp_path):
     """--clients 2: the share's tasks (both models', each workload once) are sharded over two Ray tuning clients;
     their shards are merged into the fleet's records, and each model gets its workloads' records and artifact."""

@@ -1,7 +1,7 @@
 """The allocation rule (clients.scheduler), on hand-made tasks: no TVM, no processes."""
 import pytest
 
-from tunekit.clients.scheduler import TaskScheduler, TaskState, gradient, mark_negligible
+from tunekit.clients.scheduler import TaskScheduler, TaskState, fleet_priorities, gradient, mark_negligible
 from tunekit.errors import error_line
 
 
@@ -270,3 +270,26 @@ def test_a_kernel_of_another_kind_that_beats_the_task_is_a_fall_too():
         task.record(us)
         task.after_batch(previous, fresh=1, cached=0)
     assert [us for _, us in task.fell_at] == [40.0, 30.0]
+
+
+def test_a_fleets_geometric_mean_sends_trials_to_the_fast_model_that_gains_most_for_its_size():
+    """fleet_objective geomean (Ansor's f3): 20 µs off a 70 µs model beats 100 µs off a 1,800 µs one, which the
+    weighted sum of latencies (the default) prefers."""
+    def fleet():
+        tasks = _tasks([1000.0, 1000.0, 100.0, 10.0], flops=[1.0] * 4)
+        for task, bests in zip(tasks, ([900.0, 800.0], [1000.0, 1000.0], [80.0, 60.0], [10.0, 10.0])):
+            _history(task, bests)
+        return tasks
+    models = [{0: 1.0, 1: 1.0}, {2: 1.0, 3: 1.0}]  # model A: tasks 0 and 1; model B: tasks 2 and 3
+    by_sum = fleet()
+    assert TaskScheduler(by_sum, trials_per_iter=8).next_task(set()).index in (0, 1)
+    by_geomean = fleet()
+    chosen = TaskScheduler(by_geomean, trials_per_iter=8,
+                           reweigh=lambda tasks: fleet_priorities(tasks, models)).next_task(set())
+    assert chosen.index == 2
+    assert by_geomean[0].priority * 1800 == pytest.approx(by_geomean[2].priority * 70)  # each model's L x priority
+    shared = fleet()
+    fleet_priorities(shared, [{0: 1.0, 2: 1.0}, {1: 1.0, 2: 2.0, 3: 1.0}])  # task 2 in both, twice in the second
+    l_a, l_b = 800 + 60, 1000 + 2 * 60 + 10
+    mean = (l_a * l_b) ** 0.5
+    assert shared[2].priority == pytest.approx((1 / l_a + 2 / l_b) / 3 * mean)

@@ -25,9 +25,11 @@ class Engine(Protocol):
     name: str
 
     def tune(self, *, tasks, target, database, work_dir: str, measurement: Measurement, config: TuneConfig,
-             progress, records_dir: str | None = None, fused_tasks: list | None = None) -> TuningOutcome:
+             progress, records_dir: str | None = None, fused_tasks: list | None = None,
+             task_models: dict | None = None) -> TuningOutcome:
         """`fused_tasks`: tasks built as they are (fused attention); an engine may try kernels of another kind for
-        them (the tunekit engine does: clients.kernel_trials)."""
+        them (the tunekit engine does: clients.kernel_trials). `task_models`: a fleet's {task name: {model: units}}
+        (the tunekit engine weighs them by config.fleet_objective)."""
         ...
 
     @staticmethod

@@ -29,7 +29,9 @@ Two budget modes:
 """
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import error_line
@@ -82,6 +84,7 @@ class TaskState:
     fallback: str | None = None
     kernel_us: float | None = None  # its fastest kernel of another kind, right at the share (clients.kernel_trials)
     kernel: str | None = None       # ... as "<kind>:<configuration>"
+    priority: float = 1.0  # what a microsecond off it is worth beside `weight` (a fleet's objective, fleet_priorities)
 
     @property
     def best_tensorized(self) -> bool | None:
@@ -212,22 +215,48 @@ def gradient(task: TaskState, tasks: list[TaskState], *, alpha: float = ALPHA, b
     # this floor a launch-bound kernel's whole latency looked winnable and took most of the trials.
     floor = min((t.effective_us for t in tasks if t.effective_us), default=0.0)
     forward = min(0.0, max(expected, min(floor, cost)) - cost)
-    return task.weight * (alpha * backward + (1 - alpha) * forward)
+    return task.weight * task.priority * (alpha * backward + (1 - alpha) * forward)
+
+
+def fleet_priorities(tasks: list[TaskState], models: list[dict[int, float]]) -> None:
+    """A fleet's objective as the weighted geometric mean of its models' latencies (Ansor's f3, sum of w log L):
+    `models` holds, per model, {task index: model weight x the task's count in it}. A microsecond off task t is worth
+    sum_m(u_mt / L_m) / sum_m(u_mt) times the gradient rule's (which lowers sum_m L_m), scaled by the geometric
+    mean of the L_m; a model with a task not measured yet counts as that mean."""
+    latencies = []
+    for units in models:
+        known = [(u, tasks[i].effective_us) for i, u in units.items()]
+        latencies.append(None if any(us is None for _, us in known) else sum(u * us for u, us in known))
+    measured = [lat for lat in latencies if lat]
+    if not measured:
+        return
+    mean = math.exp(sum(math.log(lat) for lat in measured) / len(measured))
+    worth: dict[int, list[float]] = {}
+    for units, lat in zip(models, latencies):
+        for i, u in units.items():
+            pair = worth.setdefault(i, [0.0, 0.0])
+            pair[0] += u * mean / (lat or mean)
+            pair[1] += u
+    for i, (relative, plain) in worth.items():
+        tasks[i].priority = relative / plain if plain else 1.0
 
 
 class TaskScheduler:
     def __init__(self, tasks: list[TaskState], *, pool=None, trials_per_iter: int, improving_only: bool = True,
-                 pool_key: str | None = None, min_task_share: float | None = None):
+                 pool_key: str | None = None, min_task_share: float | None = None,
+                 reweigh: Callable[[list[TaskState]], None] | None = None):
         """`pool_key`: who this scheduler is to the pool (a client's shard): each task's releases are
         declared under `<pool_key>/<task>`, so a restarted client's repeated releases count once.
         `min_task_share`: the share under which tasks were marked negligible (mark_negligible); a
-        negligible task is reconsidered against the model as tuned so far before every choice."""
+        negligible task is reconsidered against the model as tuned so far before every choice.
+        `reweigh`: sets the tasks' `priority` before every choice (a fleet's objective, fleet_priorities)."""
         self.tasks = tasks
         self.pool = pool
         self.trials_per_iter = trials_per_iter
         self.improving_only = improving_only
         self.pool_key = pool_key
         self.min_task_share = min_task_share
+        self.reweigh = reweigh
 
     def _best(self, tasks: list[TaskState]) -> TaskState:
         return min(tasks, key=lambda t: (gradient(t, self.tasks), -t.cost_in_model()))
@@ -245,6 +274,8 @@ class TaskScheduler:
         a batch and its cap has room beyond its trials in flight (never a draw from the pool: such draws come
         at the rate a client sends, not at the rate it measures, and emptied the pool early)."""
         reserved = reserved or {}
+        if self.reweigh is not None:
+            self.reweigh(self.tasks)
         if self.min_task_share is not None:
             reconsider_negligible(self.tasks, self.min_task_share)
         open_tasks = [t for t in self._open(busy) if t.measured < t.cap]

@@ -39,7 +39,7 @@ from ..records.tuning_database import commit_workload_durably, known_traces
 from . import callbacks, first_look, task_faults
 from ..metaschedule_env import prepare_metaschedule_logging
 from .design_spaces import draw_at_once
-from .scheduler import TaskScheduler, TaskState, mark_negligible
+from .scheduler import TaskScheduler, TaskState, fleet_priorities, mark_negligible
 
 log = logging.getLogger("tunekit.search")
 
@@ -132,6 +132,8 @@ class SearchRequest:
     records_dirs: dict = field(default_factory=dict)
     # the tasks built as they are (fused attention, never searched) whose kernels of another kind are tried too
     fused_tasks: list = field(default_factory=list)
+    # a fleet's {task name: {model: its weight x the task's count in it}}: config.fleet_objective weighs the models
+    task_models: dict | None = None
 
 
 @dataclass
@@ -246,7 +248,7 @@ class SearchLoop:
                                        improving_only=request.improving_only,
                                        pool_key=str(request.tag.get("client")) if "client" in request.tag else None,
                                        min_task_share=request.config.min_task_share if request.measure_untuned
-                                       else None)
+                                       else None, reweigh=self._fleet_objective())
         # A client started again on a dead one's shard: the pool trials the dead one drew and never
         # measured go back (the shard's records, counted into each task, say what it did measure).
         if request.count_existing:
@@ -294,6 +296,16 @@ class SearchLoop:
             tasks.append(state)
         self.phases.search_s += time.perf_counter() - t0
         return tasks
+
+    def _fleet_objective(self):
+        """The scheduler's reweigh for a fleet whose objective is its models' geometric mean; None otherwise."""
+        if self.req.config.fleet_objective != "geomean" or not self.req.task_models:
+            return None
+        models: dict[str, dict[int, float]] = {}
+        for index, task in enumerate(self.tasks):
+            for model, units in self.req.task_models.get(task.name, {}).items():
+                models.setdefault(model, {})[index] = units
+        return lambda tasks: fleet_priorities(tasks, list(models.values()))
 
     def _owners(self, name: str) -> list[int]:
         wanted = (self.req.task_shares or {}).get(name)
@@ -694,6 +706,7 @@ class SearchLoop:
                  **({"kernel_us": round(t.kernel_us, 3), "kernel_config": t.kernel} if t.kernel_us else {}),
                  **({"untuned_error": t.untuned_error} if t.untuned_error else {}),
                  "negligible": t.negligible, **({"fallback": t.fallback} if t.fallback else {}),
+                 **({"priority": round(t.priority, 4)} if t.priority != 1.0 else {}),  # config.fleet_objective
                  "tensorized_trials": t.tensorized_trials,
                  "best_tensorized": t.best_tensorized, "best_trace": t.best_key,
                  **({"warm_started": self.warm_started[t.name]} if t.name in self.warm_started else {}),

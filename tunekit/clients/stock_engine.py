@@ -24,7 +24,8 @@ class StockEngine:
     name = "stock"
 
     def tune(self, *, tasks, target, database, work_dir, measurement, config, progress,
-             records_dir: str | None = None, fused_tasks: list | None = None) -> TuningOutcome:
+             records_dir: str | None = None, fused_tasks: list | None = None,
+             task_models: dict | None = None) -> TuningOutcome:
         from tvm.s_tir import meta_schedule as ms
 
         from ..metaschedule_env import prepare_metaschedule_logging

@@ -137,20 +137,23 @@ class TunekitEngine:
 
     def tune(self, *, tasks, target, database, work_dir, measurement, config, progress,
              records_dir: str | None = None, engine: SearchEngine | None = None,
-             fused_tasks: list | None = None) -> TuningOutcome:
+             fused_tasks: list | None = None, task_models: dict | None = None) -> TuningOutcome:
         """`records_dir`: the share's database dir, where the cost model is kept (clients.cost_model_store).
         `engine`: parts made by `start` (the caller shuts them down), else made and shut down here."""
         share = ShareToMeasure(measurement.label, database, measurement, records_dir)
         return self.tune_shares(tasks=tasks, target=target, shares=[share], work_dir=work_dir, config=config,
-                                progress=progress, engine=engine, fused_tasks=fused_tasks)[share.label]
+                                progress=progress, engine=engine, fused_tasks=fused_tasks,
+                                task_models=task_models)[share.label]
 
     def tune_shares(self, *, tasks, target, shares: list[ShareToMeasure], work_dir, config,
                     progress, engine: SearchEngine | None = None,
-                    task_shares: dict | None = None, fused_tasks: list | None = None) -> dict[str, TuningOutcome]:
+                    task_shares: dict | None = None, fused_tasks: list | None = None,
+                    task_models: dict | None = None) -> dict[str, TuningOutcome]:
         """One search for every share in `shares`: each candidate built once, measured at every share (or, with
         `task_shares` {task name: share labels}, at the shares that want its task), recorded in each share's
         database with the time measured there. The first share's target builds the candidates. `fused_tasks`: tasks
-        built as they are, whose kernels of another kind are tried (clients.kernel_trials)."""
+        built as they are, whose kernels of another kind are tried (clients.kernel_trials). `task_models`: a fleet's
+        {task name: {model: its weight x the task's count in it}} (config.fleet_objective)."""
         from ..interrupts import cooperative
         from . import cost_model_store, warm_start
         from .search_loop import SearchRequest
@@ -171,6 +174,7 @@ class TunekitEngine:
                     extracted_tasks=tasks, target=target, database=first.database, config=config, work_dir=work_dir,
                     progress=progress, warm_start=sources, fused_tasks=list(fused_tasks or []),
                     label=first.label, other_shares={s.label: s.database for s in others}, task_shares=task_shares,
+                    task_models=task_models,
                     records_dirs={s.label: s.records_dir for s in shares} if all(s.records_dir for s in shares)
                     else {}))
             for s in shares:

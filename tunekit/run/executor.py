@@ -31,6 +31,7 @@ class ShareJob:
     out: str            # the run's out dir
     precision: str = "fp32"  # what the prepared module computes in (frontend.precision)
     task_shares: dict | None = None  # a fleet's {task name: the shares whose models have it}; None: every share
+    task_models: dict | None = None  # a fleet's {task name: {model: its weight x the task's count in it}}
     # the tasks built as they are (fused attention) whose kernels of another kind are tried (clients.kernel_trials)
     fused_tasks: list = dataclasses.field(default_factory=list)
 

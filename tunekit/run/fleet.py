@@ -86,6 +86,9 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
 
     if len({share.kind for share in shares}) > 1:
         raise TunekitError("a fleet's models are all at GPU shares or all at CPU shares")
+    if config.fleet_objective != "sum" and (executor.name != "local" or config.engine != "tunekit"):
+        raise TunekitError(f"fleet_objective {config.fleet_objective!r} needs the fleet's search in one process of "
+                           "the tunekit engine (leave out --clients and --engine stock)")
     started = time.time()
     check_out_dir(out)
     members = [_Member(name, entry, share, Pipeline(model=entry.model, shares=[share], out=os.path.join(out, name),
@@ -235,6 +238,8 @@ def _plan(group: list[ShareJob], members: list[_Member], executor) -> list:
     for job in group:
         job.tasks = merge_tasks([m for m in members if every_share or m.job.label == job.label], target=job.target)
         job.fused_tasks = merge_fused([m for m in members if every_share or m.job.label == job.label])
+    for job in group:
+        job.task_models = task_models(job.tasks, [m for m in members if every_share or m.job.label == job.label])
     if every_share and len(group) > 1:  # a workload is measured at the shares of the models that have it
         wanted = task_shares(group[0].tasks, members)
         for job in group:
@@ -292,6 +297,14 @@ def merge_fused(members: list[_Member]) -> list:
             member.fused_keys.add(key)
             merged.setdefault(key, task)
     return list(merged.values())
+
+
+def task_models(tasks: list, members: list[_Member]) -> dict[str, dict[str, float]]:
+    """{merged task name: {member name: its weight x the workload's count in it}} (members' `keys` filled)."""
+    from ..records.baselines import workload_key
+
+    return {task.task_name: {m.name: m.entry.weight * m.keys[key][1] for m in members if key in m.keys}
+            for task in tasks for key in [workload_key(task.dispatched[0])]}
 
 
 def task_shares(tasks: list, members: list[_Member]) -> dict[str, set[str]]:

@@ -118,6 +118,7 @@ class LocalExecutor:
                 outcomes = self.engine.tune_shares(tasks=first.tasks, target=first.target, shares=shares,
                                                    work_dir=first.work_dir, config=self.config, progress=progress,
                                                    task_shares=first.task_shares, fused_tasks=first.fused_tasks,
+                                                   task_models=first.task_models,
                                                    **started)
             else:
                 job, share = group[0], shares[0]
@@ -125,6 +126,7 @@ class LocalExecutor:
                                                         work_dir=job.work_dir, measurement=share.measurement,
                                                         config=self.config, progress=progress,
                                                         records_dir=job.db_dir, fused_tasks=job.fused_tasks,
+                                                        task_models=job.task_models,
                                                         **started)}
             for label, (fleet, _) in fleets.items():
                 outcomes[label].server_restarts = fleet.restarts
