@@ -243,6 +243,11 @@ def test_a_fleet_tuned_for_the_geometric_mean_of_its_latencies_weighs_the_faster
     assert refused.stderr.strip().splitlines()[-1] == ("tunekit: error: fleet_objective 'geomean' needs the fleet's "
                                                        "search in one process of the tunekit engine (leave out "
                                                        "--clients and --engine stock)")
+    alone = run_cli("tune", pair[0], "--cpu-pct", "100", "--config", _write(tmp_path / "one.yaml", "fleet_objective: "
+                    "geomean\n"), "--trials", "4", "--out", str(tmp_path / "one"))
+    assert alone.returncode != 0 and alone.stderr.strip().splitlines()[-1] == (
+        "tunekit: error: fleet_objective weighs a fleet's models: tune several at once (tunekit tune a.onnx b.onnx, "
+        "or a fleet file)")
 
 
 def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pair, tmp_path):

@@ -53,6 +53,13 @@ def _resolve_auto(model: str, gpu_pct, cpu_pct, config: TuneConfig) -> tuple:
     return (knee_pct, None, choice) if kind == "gpu" else (None, knee_pct, choice)
 
 
+def _one_model(config: TuneConfig) -> TuneConfig:
+    if config.fleet_objective != "sum":
+        raise TunekitError("fleet_objective weighs a fleet's models: tune several at once (tunekit tune a.onnx "
+                           "b.onnx, or a fleet file)")
+    return config
+
+
 def _default_out(model, labels: list[str]) -> str:
     from .frontend.torch_loader import is_torch_module
 
@@ -73,7 +80,7 @@ def tune(model, *, example_inputs: tuple | None = None, gpu_pct: int | str | Non
     from .run.pipeline import Pipeline
     from .run.session import resolve_share
 
-    config = (config or TuneConfig()).with_trials(trials)
+    config = _one_model((config or TuneConfig()).with_trials(trials))
     executor = _executor(config, coordinator)
     gpu_pct, cpu_pct, share_choice = _resolve_auto(model, gpu_pct, cpu_pct, config)
     share = resolve_share(gpu_pct, cpu_pct)
@@ -134,7 +141,7 @@ def tune_shares(model: str, *, gpu_pct: str | list | None = None, cpu_pct: str |
     shares = parse_pct_list(text, kind=kind)
     if kind == "gpu":
         require_gpu()
-    config = (config or TuneConfig()).with_trials(trials)
+    config = _one_model((config or TuneConfig()).with_trials(trials))
     out = out or _default_out(model, [s.label for s in shares])
     pipeline = Pipeline(model=model, shares=shares, out=out, config=config, executor=_executor(config, coordinator),
                         show_progress=show_progress)
