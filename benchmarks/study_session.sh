@@ -40,6 +40,8 @@
 #   variants per model (VARIANTS_MODELS, default MODELS): an earlier lease's study (RESUME_DIR/records-<model>.tgz) without tuning: each share's
 #           artifact (`tunekit compile --share`) and the share-robust one (`tunekit compile --variants`), then
 #           `share_study.py matrix` at 20/40/60/100 (the artifact with a variant per share beside the shares' own)
+# START_AFTER="CONDITION": the chain's GPU work waits, after the exports, until CONDITION holds (e.g. a fleet_session's
+# setup on the same GPU is done: "grep -q 'sequential rc' /tmp/fleetres/chain.log").
 # LANES="STEPS[:MODELS];STEPS[:MODELS]" instead of STEPS: lane i runs its steps (for its MODELS) on GPU i with the
 # i-th slice of the cores, the lanes side by side, e.g. LANES="tt;budgets:resnet18" on nvidia-h100-x2.
 # Results: /tmp/studyres (reports, matrices, logs), returned as $OUT/studyres.tgz, and the records of each run as
@@ -92,6 +94,7 @@ case "$1" in
                  $([[ ,$STEPS, == *,r18* || ,$STEPS, == *,tt,* || ,$STEPS, == *,coord,* ]] && echo resnet18) | awk '!seen[$0]++'); do
         echo "[ -f /tmp/vs/$m.onnx ] || python3 benchmarks/torch_models.py export --model $m --out /tmp/vs/$m.onnx 2>&1 | tail -1"
       done
+      [ -z "${START_AFTER:-}" ] || echo "until ${START_AFTER}; do sleep 5; done; echo \"started after: \${SECONDS}s\""
       [ -z "$TORCH_MODELS" ] || echo "python3 benchmarks/vs_pytorch.py pytorch --models $TORCH_MODELS --pcts ${TORCH_PCTS:-40}" \
         "--variants ${TORCH_VARIANTS:-graphs-fp32,graphs-fp16} --work /tmp/vs --results $R --call-s 1800" \
         "> $R/pytorch.log 2>&1; echo \"pytorch rc=\$?\""
