@@ -18,7 +18,7 @@ set -uo pipefail
 export PYTHONPATH=/root/site:/tmp/fleet-tree CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 OUT=${OUT:-/tmp/fleet-out}; R=/tmp/fleetres; mkdir -p "$OUT" "$R"
 copy() {  # every setup's report.json files too (where each command's wall went: command_s)
-  (cd /tmp && find fleet-* ab -name report.json -print0 2>/dev/null | tar czf "$R/reports.tgz" --null -T - 2>/dev/null)
+  (cd /tmp && find fleet-* ab -path fleet-tree -prune -o -name report.json -print0 2>/dev/null | tar czf "$R/reports.tgz" --null -T - 2>/dev/null)
   tar czf "$OUT/fleetres.tgz" --exclude='*.so' --exclude='*.onnx' --exclude='records-*' -C /tmp fleetres 2>/dev/null; true; }
 trap copy EXIT
 case "$1" in
