@@ -13,7 +13,8 @@ time it fell to by then (`tasks[].fell_at`). That gives when every model first r
 alone in the sequential setup (its "solo" latency, within `--tolerance`): issue 54's "wall time until every model
 reaches the latency it gets alone", fleet against sequential.
 
-`--setups fleet-geomean` also tunes the fleet with `fleet_objective: geomean` (experimental) beside the three.
+`--setups fleet-sum` also tunes the fleet with `fleet_objective: sum` (the weighted sum of latencies, Ansor's
+objective) beside the three, whose fleet has the default (one process: the geometric mean).
 `--setups` tunes only some setups and `--work` keeps their outputs and runs.json; `--runs` reads setups tuned before
 (e.g. the sequential setup on a second GPU at the same time), and the table is made once all three are there.
 `--alone-on 2,2,3,3` tunes the sequential setup's models each alone on a GPU of its own (those listed, each with its
@@ -44,8 +45,8 @@ sys.path.insert(0, HERE)
 from tuning_time import write_results  # noqa: E402  (the same machine line as every benchmark)
 
 SETUPS = ("fleet", "sequential", "parallel")
-# experimental setups, tuned only when --setups names them: the fleet with a fleet-level setting changed
-VARIANTS = {"fleet-geomean": {"fleet_objective": "geomean"}}
+# setups tuned only when --setups names them: the fleet with a fleet-level setting changed
+VARIANTS = {"fleet-sum": {"fleet_objective": "sum"}}
 
 
 @dataclass(frozen=True)

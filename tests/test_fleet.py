@@ -215,36 +215,39 @@ def test_a_fleet_at_two_shares_measures_a_workload_only_at_the_shares_of_its_mod
 
 
 @pytest.mark.e2e
-def test_a_fleet_tuned_for_the_geometric_mean_of_its_latencies_weighs_the_faster_models_tasks_more(pair, tmp_path):
-    """fleet_objective: geomean (experimental, it warns): each task's gradient is scaled by sum(w / L) of the models
-    that have it, so the faster model's own tasks are worth more per microsecond than the slower one's; the default
-    (sum) scales nothing. Through Ray clients it is refused in one line."""
+def test_a_fleet_tuned_in_one_process_weighs_the_faster_models_tasks_more(pair, tmp_path):
+    """fleet_objective's default (auto) is the models' weighted geometric mean in one process: each task's gradient is
+    scaled by sum(w / L) of the models that have it, so the faster model's own tasks are worth more per microsecond
+    than the slower one's. Asked for through Ray clients, it is refused in one line; alone, too."""
     from tunekit.models.examples import save_example
 
     small = save_example("resnet18", str(tmp_path / "r18.onnx"), width=8, image=32)
-    fleet = _write(tmp_path / "fleet.yaml", f"cpu_pct: 100\nmin_task_share: 0\nfleet_objective: geomean\nmodels:\n"
+    fleet = _write(tmp_path / "fleet.yaml", f"cpu_pct: 100\nmin_task_share: 0\nmodels:\n"
                                             f"  - {{model: {pair[0]}, name: tiny}}\n  - {{model: {small}, name: r18}}\n")
     out = tmp_path / "out"
     proc = run_cli("tune", fleet, "--trials", "8", "--trials-per-iter", "2", "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "fleet_objective is experimental" in proc.stderr
+    assert "experimental" not in proc.stderr
     report = json.loads(proc.stdout)["report"]
     rows = {row["name"]: row for row in report["fleet"]}
     fast, slow = sorted(rows, key=lambda name: rows[name]["tuned_ms"])  # the small ResNet (32 x 32): 8x faster
 
     def own_priorities(name) -> list[float]:
-        tasks = json.load(open(out / name / "report.json"))["tasks"]
-        return [t["priority"] for t in tasks if t["fleet_models"] == [name] and "priority" in t]
+        model_report = json.load(open(out / name / "report.json"))
+        assert model_report["config"]["fleet_objective"] == "geomean"
+        return [t["priority"] for t in model_report["tasks"] if t["fleet_models"] == [name] and "priority" in t]
     assert rows[slow]["tuned_ms"] > 2 * rows[fast]["tuned_ms"]
     assert own_priorities(fast) and own_priorities(slow)
     assert min(own_priorities(fast)) > 1 > max(own_priorities(slow)), (own_priorities(fast), own_priorities(slow))
-    refused = run_cli("tune", fleet, "--clients", "2", "--trials", "4", "--out", str(tmp_path / "ray"))
+    geomean = _write(tmp_path / "geomean.yaml", "fleet_objective: geomean\n")
+    geomean_fleet = _write(tmp_path / "geomean-fleet.yaml", open(fleet).read() + "fleet_objective: geomean\n")
+    refused = run_cli("tune", geomean_fleet, "--clients", "2", "--trials", "4", "--out", str(tmp_path / "ray"))
     assert refused.returncode != 0
     assert refused.stderr.strip().splitlines()[-1] == ("tunekit: error: fleet_objective 'geomean' needs the fleet's "
                                                        "search in one process of the tunekit engine (leave out "
                                                        "--clients and --engine stock)")
-    alone = run_cli("tune", pair[0], "--cpu-pct", "100", "--config", _write(tmp_path / "one.yaml", "fleet_objective: "
-                    "geomean\n"), "--trials", "4", "--out", str(tmp_path / "one"))
+    alone = run_cli("tune", pair[0], "--cpu-pct", "100", "--config", geomean, "--trials", "4",
+                    "--out", str(tmp_path / "one"))
     assert alone.returncode != 0 and alone.stderr.strip().splitlines()[-1] == (
         "tunekit: error: fleet_objective weighs a fleet's models: tune several at once (tunekit tune a.onnx b.onnx, "
         "or a fleet file)")
@@ -266,6 +269,7 @@ def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pa
     for name in ("a", "b"):
         model_report = json.load(open(out / name / "report.json"))
         assert model_report["coordinator"]["clients"] == 2, model_report.get("coordinator")
+        assert model_report["config"]["fleet_objective"] == "sum"  # auto: only the sum splits over the clients' shards
         own = set(record_keys(out / name / "records-cpu100"))
         assert own == {k for k in keys if k[0] in {w for w, _ in own}}
 
@@ -285,4 +289,5 @@ def test_a_fleet_on_a_gpu_tunes_each_model_at_its_own_share(pair, tmp_path):
     for name, share in (("a", "gpu20"), ("b", "gpu30")):
         model_report = json.load(open(out / name / "report.json"))
         assert model_report["share"] == share and model_report["numerics"]["tuned"][0]["cosine"] > 0.99
+        assert model_report["config"]["fleet_objective"] == "geomean"  # auto, in one process
         assert os.path.getsize(rows[name]["artifact"]) > 0

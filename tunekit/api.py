@@ -54,7 +54,7 @@ def _resolve_auto(model: str, gpu_pct, cpu_pct, config: TuneConfig) -> tuple:
 
 
 def _one_model(config: TuneConfig) -> TuneConfig:
-    if config.fleet_objective != "sum":
+    if config.fleet_objective == "geomean":
         raise TunekitError("fleet_objective weighs a fleet's models: tune several at once (tunekit tune a.onnx "
                            "b.onnx, or a fleet file)")
     return config

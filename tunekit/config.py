@@ -79,9 +79,10 @@ class TuneConfig:
     build_timeout_s: float = 120.0
     overlap: bool | str = "auto"     # build batch N+1 while N is measured; auto: on a GPU only (clients.measurement)
     min_task_share: float = 0.005    # tasks under this share of the untuned weight x latency are not tuned
-    # a fleet's objective: "sum" of its models' weighted latencies (Ansor's), or their weighted "geomean"
-    # (Ansor's f3: each model's relative gain counts, so a fast model is not left behind a slow one's trials)
-    fleet_objective: str = "sum"
+    # a fleet's objective: "sum" of its models' weighted latencies (Ansor's), or their weighted "geomean" (Ansor's
+    # f3: each model's relative gain counts); auto: geomean in one process, the sum over --clients or --engine stock,
+    # whose shards split only the sum (benchmarks/RESULTS.md, "A fleet for its geometric mean on the GPU")
+    fleet_objective: str = "auto"
     time_budget_s: float | None = None  # stop launching batches after this many seconds of tuning
     # Warm start (clients.warm_start): tune out dirs / record dirs whose best records per task are measured
     # again at this share before the search; their cost model is loaded when none is here.
@@ -199,11 +200,11 @@ _CHECKS = {
     "engine": (_one_of("tunekit", "stock"), "'tunekit' or 'stock'"),
     "overlap": (_one_of(True, False, "auto"), "true, false or auto"),
     "measure_lock": (_one_of(True, False, "auto"), "true, false or auto"),
-    "fleet_objective": (_one_of("sum", "geomean"), "'sum' or 'geomean'"),
+    "fleet_objective": (_one_of("auto", "sum", "geomean"), "auto, 'sum' or 'geomean'"),
 }
 
 # Fields that ship experimental: setting one warns (tunekit.experimental) until a benchmark keeps or deletes it.
-EXPERIMENTAL: frozenset[str] = frozenset({"fleet_objective"})
+EXPERIMENTAL: frozenset[str] = frozenset()
 
 # YAML keys of earlier versions: a file that still sets one fails with one line, never silently.
 REMOVED_KEYS = {

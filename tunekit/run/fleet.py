@@ -86,9 +86,12 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
 
     if len({share.kind for share in shares}) > 1:
         raise TunekitError("a fleet's models are all at GPU shares or all at CPU shares")
-    if config.fleet_objective != "sum" and (executor.name != "local" or config.engine != "tunekit"):
-        raise TunekitError(f"fleet_objective {config.fleet_objective!r} needs the fleet's search in one process of "
-                           "the tunekit engine (leave out --clients and --engine stock)")
+    one_search = executor.name == "local" and config.engine == "tunekit"
+    if config.fleet_objective == "geomean" and not one_search:
+        raise TunekitError("fleet_objective 'geomean' needs the fleet's search in one process of the tunekit engine "
+                           "(leave out --clients and --engine stock)")
+    if config.fleet_objective == "auto":  # each model's report says which objective it was tuned for
+        config = dataclasses.replace(config, fleet_objective="geomean" if one_search else "sum")
     started = time.time()
     check_out_dir(out)
     members = [_Member(name, entry, share, Pipeline(model=entry.model, shares=[share], out=os.path.join(out, name),
