@@ -1,6 +1,7 @@
 """A fleet (run.fleet): several models tuned by one search with one budget, a workload they share searched once
 and its records serving every model that has it; a model that fails never stops the others."""
 import json
+import math
 import os
 from collections import Counter
 
@@ -231,6 +232,9 @@ def test_a_fleet_tuned_in_one_process_weighs_the_faster_models_tasks_more(pair, 
     report = json.loads(proc.stdout)["report"]
     rows = {row["name"]: row for row in report["fleet"]}
     fast, slow = sorted(rows, key=lambda name: rows[name]["tuned_ms"])  # the small ResNet (32 x 32): 8x faster
+    assert report["objective"] == "geomean"
+    assert report["weighted_geomean_ms"]["tuned"] == pytest.approx(
+        math.sqrt(rows[fast]["tuned_ms"] * rows[slow]["tuned_ms"]), rel=1e-3)
 
     def own_priorities(name) -> list[float]:
         model_report = json.load(open(out / name / "report.json"))
@@ -261,7 +265,7 @@ def test_a_fleet_through_ray_clients_searches_each_workload_once_at_its_share(pa
                    "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)["report"]
-    assert report["models_tuned"] == 2 and report["tasks"]["shared"] >= 3
+    assert report["models_tuned"] == 2 and report["tasks"]["shared"] >= 3 and report["objective"] == "sum"
     assert "warm_up_s" not in report["command_s"]  # the clients started beside the untuned builds
     assert report["tasks"]["per_share"]["cpu100"] == report["tasks"]["in_models"] - report["tasks"]["shared"]
     keys = Counter(record_keys(out / "records-cpu100"))

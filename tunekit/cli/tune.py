@@ -261,8 +261,10 @@ def _fleet_table(report: dict) -> str:
                          f"{row['trials']} |")
         else:
             lines.append(f"| {row['name']} | {row['share']} | {row['weight']:g} | failed: {row['error']} | | | | |")
-    weighted, tasks = report["weighted_latency_ms"], report["tasks"]
-    return "\n".join(lines) + (f"\nweighted sum of latencies: {weighted['untuned']:.3f} -> {weighted['tuned']:.3f} ms; "
+    weighted, geomean, tasks = report["weighted_latency_ms"], report["weighted_geomean_ms"], report["tasks"]
+    return "\n".join(lines) + (f"\nweighted sum of latencies: {weighted['untuned']:.3f} -> {weighted['tuned']:.3f} ms, "
+                               f"geometric mean {geomean['untuned']:.3f} -> {geomean['tuned']:.3f} ms "
+                               f"(tuned for the {'sum' if report['objective'] == 'sum' else 'geometric mean'}); "
                                f"{tasks['searched']} tasks searched for the {tasks['in_models']} in the models "
                                f"({tasks['shared']} shared); trials "
                                + ", ".join(f"{n} at {label}" for label, n in report['trials']['measured'].items()))

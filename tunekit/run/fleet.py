@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import time
 
@@ -376,12 +377,18 @@ def fleet_report(members: list[_Member], outcomes: dict, jobs: list[ShareJob], *
             row["error"] = m.error
         rows.append(row)
     done = [r for r in rows if "tuned_ms" in r]
+    weights = sum(r["weight"] for r in done) or 1.0
+
+    def geomean(column: str) -> float:
+        return round(math.exp(sum(r["weight"] * math.log(r[column]) for r in done) / weights), 4) if done else 0.0
     keys = {key for m in members for key in m.keys}
     in_many = {key for key in keys if sum(1 for m in members if key in m.keys) > 1}
     return {
         "fleet": rows, "models": len(rows), "models_tuned": len(done), "models_failed": len(rows) - len(done),
+        "objective": config.fleet_objective,  # what the search lowered: the weighted sum or geometric mean
         "weighted_latency_ms": {"untuned": round(sum(r["weight"] * r["untuned_ms"] for r in done), 4),
                                 "tuned": round(sum(r["weight"] * r["tuned_ms"] for r in done), 4)},
+        "weighted_geomean_ms": {"untuned": geomean("untuned_ms"), "tuned": geomean("tuned_ms")},
         "tasks": {"in_models": sum(len(m.keys) for m in members), "searched": len(keys), "shared": len(in_many),
                   "per_share": {job.label: len(job.tasks) for job in jobs}},
         "trials": {"requested": config.trials if config.trials_bounded else None,
