@@ -100,6 +100,7 @@ def tune_fleet(models: list, *, gpu_pct: int | None = None, cpu_pct: int | None 
     that fails never stops the others (FleetResult.failed says why). With `coordinator`, each share's tasks are
     sharded over Ray tuning clients (the shares that fit on a device together tuned at once)."""
     from .run.fleet import tune_fleet as run_fleet
+    from .run.fleet import with_objective
     from .run.session import resolve_share
 
     entries = [m if isinstance(m, FleetModel) else FleetModel(model=str(m)) for m in models]
@@ -111,7 +112,7 @@ def tune_fleet(models: list, *, gpu_pct: int | None = None, cpu_pct: int | None 
     shares = [resolve_share(e.gpu_pct if e.gpu_pct is not None or e.cpu_pct is not None else gpu_pct,
                             e.cpu_pct if e.gpu_pct is not None or e.cpu_pct is not None else cpu_pct)
               for e in entries]
-    config = (config or TuneConfig()).with_trials(trials)
+    config = with_objective((config or TuneConfig()).with_trials(trials), one_process=coordinator is None)
     out = out or os.path.join("tunekit-out", "fleet-" + "-".join(sorted({s.label for s in shares})))
     return run_fleet(entries, shares, out=out, config=config, executor=_executor(config, coordinator),
                      show_progress=show_progress)

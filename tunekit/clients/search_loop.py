@@ -298,9 +298,8 @@ class SearchLoop:
         return tasks
 
     def _fleet_objective(self):
-        """The scheduler's reweigh for a fleet whose objective is its models' geometric mean (auto: a fleet's search
-        in one process, the only one given its models, task_models); None otherwise."""
-        if self.req.config.fleet_objective == "sum" or not self.req.task_models:
+        """The scheduler's reweigh for a fleet whose objective is its models' geometric mean; None otherwise."""
+        if self.req.config.fleet_objective != "geomean" or not self.req.task_models:
             return None
         models: dict[str, dict[int, float]] = {}
         for index, task in enumerate(self.tasks):

@@ -78,6 +78,19 @@ def member_names(models: list[FleetModel]) -> list[str]:
     return names
 
 
+def with_objective(config: TuneConfig, *, one_process: bool) -> TuneConfig:
+    """`config` with fleet_objective auto resolved, before the executor and the models' pipelines take it: the
+    geometric mean where the fleet's search is one process of the tunekit engine, else the sum (the only objective
+    that splits over the Ray clients' shards)."""
+    one_search = one_process and config.engine == "tunekit"
+    if config.fleet_objective == "geomean" and not one_search:
+        raise TunekitError("fleet_objective 'geomean' needs the fleet's search in one process of the tunekit engine "
+                           "(leave out --clients and --engine stock)")
+    if config.fleet_objective != "auto":
+        return config
+    return dataclasses.replace(config, fleet_objective="geomean" if one_search else "sum")
+
+
 def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, config: TuneConfig, executor,
                show_progress: bool = False) -> FleetResult:
     """`shares[i]` is `models[i]`'s share (api.tune_fleet resolves them). The executor groups the fleet's shares
@@ -87,12 +100,6 @@ def tune_fleet(models: list[FleetModel], shares: list[Share], *, out: str, confi
 
     if len({share.kind for share in shares}) > 1:
         raise TunekitError("a fleet's models are all at GPU shares or all at CPU shares")
-    one_search = executor.name == "local" and config.engine == "tunekit"
-    if config.fleet_objective == "geomean" and not one_search:
-        raise TunekitError("fleet_objective 'geomean' needs the fleet's search in one process of the tunekit engine "
-                           "(leave out --clients and --engine stock)")
-    if config.fleet_objective == "auto":  # each model's report says which objective it was tuned for
-        config = dataclasses.replace(config, fleet_objective="geomean" if one_search else "sum")
     started = time.time()
     check_out_dir(out)
     members = [_Member(name, entry, share, Pipeline(model=entry.model, shares=[share], out=os.path.join(out, name),
