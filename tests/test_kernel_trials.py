@@ -240,6 +240,28 @@ def test_the_summary_says_which_tasks_run_kernels_of_another_kind():
     assert kernels_line(report) == ""
 
 
+def test_a_warm_server_fills_every_element_of_a_candidates_inputs():
+    """servers.input_fill: the runner's random inputs cover every element. TVM's own fill leaves the last
+    size % threads elements as they were (uninitialised, at times NaN), and a kernel that propagates the NaN was
+    refused as wrong at the share beside a reference that drops it."""
+    import tvm
+    from tvm import rpc
+
+    from tunekit.servers.input_fill import remote_fill
+    from tunekit.shares.share import Share
+
+    with local_fleet("t-fill", share=Share("cpu", 100)) as fleet:  # every core: TVM's fill splits over them
+        tracker = rpc.connect_tracker(fleet.config.connect_host, fleet.tracker_port)
+        session = tracker.request(fleet.key, session_timeout=30)
+        fill = remote_fill(session)
+        for dtype in ("float16", "float32"):
+            for size in (301, 5):
+                tensor = tvm.runtime.tensor(np.full(size, np.nan, dtype), session.cpu(0))
+                fill(tensor)
+                values = tensor.numpy()
+                assert np.isfinite(values).all() and values.min() >= 1 and values.max() <= 10, (dtype, size, values)
+
+
 def test_a_warm_server_compares_two_of_its_tensors_where_they_are():
     """servers.output_check: the reference check's comparison runs on the runner server (a GEMM's output no longer
     crosses the RPC link twice per candidate), with numerics.compare's row, the same as on the client."""
@@ -258,3 +280,5 @@ def test_a_warm_server_compares_two_of_its_tensors_where_they_are():
         device = session.cpu(0)
         row = compare_there(tvm.runtime.tensor(mine, device), tvm.runtime.tensor(theirs, device))
     assert row == pytest.approx(compare(mine, theirs)) and row["cosine"] < 0.99
+    nan = compare(np.where(mine > 0.5, np.nan, mine), theirs)  # which side is not finite, where one is not
+    assert (nan["nonfinite"], nan["reference_nonfinite"]) == (int((mine > 0.5).sum()), 0) and "nonfinite" not in row

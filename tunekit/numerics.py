@@ -91,8 +91,10 @@ def compare(actual, reference) -> dict:
     scale = float(np.abs(b).max()) if b.size else 0.0
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
     cosine = float(a @ b / norms) if norms > 0 else (1.0 if not a.any() and not b.any() else 0.0)
-    return {"max_abs_err": max_abs, "max_rel_err": max_abs / scale if scale > 0 else max_abs, "cosine": cosine,
-            "reference_max_abs": scale}
+    row = {"max_abs_err": max_abs, "max_rel_err": max_abs / scale if scale > 0 else max_abs, "cosine": cosine,
+           "reference_max_abs": scale}
+    bad = {"nonfinite": int(a.size - np.isfinite(a).sum()), "reference_nonfinite": int(b.size - np.isfinite(b).sum())}
+    return {**row, **bad} if any(bad.values()) else row  # which side holds the NaN or Inf, where one does
 
 
 def compare_outputs(names: list[str], outputs: list, reference: list) -> list[dict]:

@@ -51,6 +51,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
 from ..errors import RunFailed
+from ..servers.input_fill import remote_fill
 from ..servers.output_check import remote_compare
 
 log = logging.getLogger("tunekit.runner")
@@ -358,7 +359,7 @@ class SessionRunner(PyRunner):
                 host, port, matchkey = self._request_server(timeout_s=3.0)
                 # session_timeout=0: the session lives as long as we hold it; timeouts are per candidate.
                 session = rpc.connect(host, port, client_key(matchkey, self.config.secret), 0)
-                random_fill = session.get_function("tvm.contrib.random.random_fill_for_measure")
+                random_fill = remote_fill(session)
                 with self._cond:
                     self._held += 1
                     self._alive_at = time.monotonic()
@@ -586,8 +587,10 @@ def _check_against_reference(rt_mod, args: list, device, *, written: list[int] |
             continue
         row = compare_remote(mine, theirs) if compare_remote else compare(mine.numpy(), theirs.numpy())
         if not within([row], KERNEL_BOUND):
+            nonfinite = (f" ({row['nonfinite']} values not finite, the reference's {row['reference_nonfinite']})"
+                         if "nonfinite" in row else "")
             raise WrongOutput(f"{WRONG_OUTPUT}: argument {i} differs from the reference's by {row['max_rel_err']:.3g} "
-                              f"(max rel error) with cosine {row['cosine']:.6f}")
+                              f"(max rel error) with cosine {row['cosine']:.6f}{nonfinite}")
 
 
 def _session_broken(exc: Exception) -> bool:

@@ -224,9 +224,10 @@ def main(argv=None) -> None:
     from tvm.rpc import server as rpc_server
     from tvm.support import utils
 
-    from .output_check import register
+    from . import input_fill, output_check
 
-    register()  # a candidate's output is compared here, not copied to the client
+    input_fill.register()  # a candidate's inputs are filled here, every element
+    output_check.register()  # a candidate's output is compared here, not copied to the client
 
     def serve_in_process(sock, addr):
         work_path = utils.tempdir()
