@@ -10,7 +10,7 @@ from __future__ import annotations
 FILL = "tunekit.fill_input"
 STOCK_FILL = "tvm.contrib.random.random_fill_for_measure"
 _NUMPY_DTYPES = ("float16", "float32", "float64")
-_CACHE_BYTES = 1 << 29  # per server, a share runs several; the largest task's inputs fit (GPT-2 at 512's LM head, ~180 MB)
+_CACHE_BYTES = 1 << 29  # a server's (a share runs several): the largest task's inputs, GPT-2 512's LM head, ~180 MB
 
 
 def register() -> None:
